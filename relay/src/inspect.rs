@@ -1,0 +1,138 @@
+//! Checks at start that the configured table and every mapped column exist with usable types,
+//! so a typo is reported once, clearly, instead of as a failing claim in a loop.
+
+use sqlx::PgConnection;
+
+use crate::table::OutboxTable;
+
+/// How the payload column is read and which content type it implies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadKind {
+    Json,
+    Text,
+    Bytes,
+}
+
+impl PayloadKind {
+    pub fn default_content_type(self) -> &'static str {
+        match self {
+            PayloadKind::Json => "application/json",
+            PayloadKind::Text => "text/plain",
+            PayloadKind::Bytes => "application/octet-stream",
+        }
+    }
+}
+
+/// What the relay learned about the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableShape {
+    pub payload: PayloadKind,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error("invalid --table: table {0} does not exist; create it or fix the name")]
+    TableMissing(String),
+    #[error("invalid column mapping: table {table} has no column {}; fix the options or add the columns", list(.missing))]
+    ColumnsMissing {
+        table: String,
+        missing: Vec<(String, String)>,
+    },
+    #[error("invalid --{option}: column {column} has type {found}; expected {expected}")]
+    WrongType {
+        option: String,
+        column: String,
+        found: String,
+        expected: &'static str,
+    },
+    #[error("database error while inspecting the table: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl InspectError {
+    /// True when the user's configuration is at fault (exit code 2), false for outages.
+    pub fn is_user_error(&self) -> bool {
+        !matches!(self, InspectError::Database(_))
+    }
+}
+
+fn list(missing: &[(String, String)]) -> String {
+    missing
+        .iter()
+        .map(|(option, column)| format!("{column} (--{option})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+const STRING_TYPES: &[&str] = &["text", "varchar", "bpchar"];
+const TIME_TYPES: &[&str] = &["timestamptz", "timestamp"];
+
+fn expected_types(option: &str) -> (&'static [&'static str], &'static str) {
+    match option {
+        "id-column" => (&["uuid"], "uuid"),
+        "type-column" | "error-column" | "routing-key-column" => (STRING_TYPES, "text or varchar"),
+        "payload-column" => (
+            &["jsonb", "json", "text", "varchar", "bytea"],
+            "jsonb, json, text or bytea",
+        ),
+        "occurred-at-column" | "processed-at-column" => (TIME_TYPES, "timestamptz or timestamp"),
+        "headers-column" => (&["jsonb", "json"], "jsonb or json"),
+        "attempts-column" => (&["int2", "int4", "int8"], "an integer type"),
+        _ => (&[], "a known type"),
+    }
+}
+
+/// Looks the table up (through the search path when it is not schema-qualified) and checks
+/// every mapped column.
+pub async fn inspect(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+) -> Result<TableShape, InspectError> {
+    let exists: Option<bool> = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(table.name.quoted())
+        .fetch_one(&mut *conn)
+        .await?;
+    if exists != Some(true) {
+        return Err(InspectError::TableMissing(table.name.to_string()));
+    }
+    let columns: Vec<(String, String)> = sqlx::query_as(
+        "SELECT a.attname::text, t.typname::text
+           FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+          WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+    )
+    .bind(table.name.quoted())
+    .fetch_all(&mut *conn)
+    .await?;
+
+    let mut missing = Vec::new();
+    let mut payload = PayloadKind::Json;
+    for (option, column) in table.columns.mapped() {
+        let Some((_, found)) = columns.iter().find(|(name, _)| name == column.as_str()) else {
+            missing.push((option.to_string(), column.to_string()));
+            continue;
+        };
+        let (allowed, expected) = expected_types(option);
+        if !allowed.contains(&found.as_str()) {
+            return Err(InspectError::WrongType {
+                option: option.to_string(),
+                column: column.to_string(),
+                found: found.clone(),
+                expected,
+            });
+        }
+        if option == "payload-column" {
+            payload = match found.as_str() {
+                "jsonb" | "json" => PayloadKind::Json,
+                "bytea" => PayloadKind::Bytes,
+                _ => PayloadKind::Text,
+            };
+        }
+    }
+    if !missing.is_empty() {
+        return Err(InspectError::ColumnsMissing {
+            table: table.name.to_string(),
+            missing,
+        });
+    }
+    Ok(TableShape { payload })
+}

@@ -1,0 +1,14 @@
+//! The outbox relay: moves transactional-outbox rows from PostgreSQL to RabbitMQ.
+//!
+//! This crate owns everything about the outbox table: identifiers, SQL, the migration and the
+//! lag measurement. The operator calls these functions; it never writes SQL of its own.
+
+pub mod config;
+pub mod ident;
+pub mod inspect;
+pub mod metrics;
+pub mod migrate;
+pub mod reports;
+pub mod secret_url;
+pub mod sql;
+pub mod table;

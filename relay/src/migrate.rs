@@ -1,0 +1,352 @@
+//! The outbox migration: the pending-row index, the report table, autovacuum settings suited
+//! to a queue table and, optionally, the NOTIFY trigger. Used by `outbox-relay migrate` and by
+//! the operator, so both follow the same rules:
+//! - indexes are built with `CREATE INDEX CONCURRENTLY`, one statement per round trip (it fails
+//!   inside a transaction or a multi-statement string);
+//! - an INVALID index left by a failed build is dropped and rebuilt (`IF NOT EXISTS` would keep
+//!   it silently);
+//! - migrations are serialised with `pg_try_advisory_lock`, never the blocking form, which
+//!   deadlocks with a concurrent index build; a busy lock is reported so the caller retries.
+
+use sqlx::{AssertSqlSafe, PgConnection};
+
+use crate::ident::Ident;
+use crate::inspect::{InspectError, inspect};
+use crate::table::OutboxTable;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigrationOptions {
+    /// Build the reference article's covering index `(occurred, processed) INCLUDE (id, type,
+    /// payload)`. Off by default: a B-tree entry is limited to 2704 bytes, so once a payload
+    /// outgrows that every INSERT of such a row fails. `FOR UPDATE` visits the heap anyway, so
+    /// the covering index buys little for the claim.
+    pub covering_index: bool,
+    /// Install a statement-level trigger that NOTIFYs idle relays when rows are inserted.
+    pub notify: bool,
+    /// Leave the table's autovacuum settings alone.
+    pub skip_autovacuum: bool,
+}
+
+/// What happened to the pending-row index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexAction {
+    Created,
+    AlreadyValid,
+    /// An INVALID index from an earlier failed build was dropped and built again.
+    RebuiltInvalid,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    pub index_name: String,
+    pub index: IndexAction,
+    pub reports_table_created: bool,
+    pub autovacuum_changed: bool,
+    pub notify_installed: bool,
+}
+
+impl MigrationReport {
+    /// One line per action, for humans.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = vec![match self.index {
+            IndexAction::Created => format!("created index {}", self.index_name),
+            IndexAction::AlreadyValid => {
+                format!("index {} already present and valid", self.index_name)
+            }
+            IndexAction::RebuiltInvalid => {
+                format!(
+                    "index {} was INVALID (a failed earlier build); dropped and rebuilt it",
+                    self.index_name
+                )
+            }
+        }];
+        lines.push(if self.reports_table_created {
+            "created the lag report table".into()
+        } else {
+            "lag report table already present".into()
+        });
+        lines.push(if self.autovacuum_changed {
+            "set queue-friendly autovacuum settings on the outbox table".into()
+        } else {
+            "autovacuum settings already in place (or skipped)".into()
+        });
+        if self.notify_installed {
+            lines.push("installed the NOTIFY trigger".into());
+        }
+        lines
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("another migration of this table holds the advisory lock; retry shortly")]
+    LockBusy,
+    #[error(transparent)]
+    Table(#[from] InspectError),
+    #[error("migration statement failed ({step}): {source}")]
+    Statement {
+        step: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("database error during migration: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Autovacuum settings for a table that behaves like a queue: every row is inserted once,
+/// updated (or deleted) once, and the claim walks the head of the pending index. The default
+/// scale factor (20 % of the table) lets dead index entries pile up at that head for millions
+/// of rows, and the claim slows with them; a fixed threshold keeps vacuum running every few
+/// thousand processed rows, and no cost delay lets it keep pace.
+pub const QUEUE_AUTOVACUUM: &[(&str, &str)] = &[
+    ("autovacuum_vacuum_scale_factor", "0"),
+    ("autovacuum_vacuum_threshold", "5000"),
+    ("autovacuum_vacuum_insert_scale_factor", "0"),
+    ("autovacuum_vacuum_insert_threshold", "50000"),
+    ("autovacuum_analyze_scale_factor", "0.02"),
+    ("autovacuum_vacuum_cost_delay", "0"),
+];
+
+/// The channel the NOTIFY trigger signals for a table.
+pub fn notify_channel(table: &OutboxTable) -> String {
+    let mut name = format!("outbox_{}", table.name).replace('.', "_");
+    name.truncate(63);
+    name
+}
+
+/// The advisory lock key text for migrations of one table.
+fn lock_key(table: &OutboxTable) -> String {
+    format!("outbox-relay:migrate:{}", table.name.quoted())
+}
+
+pub fn index_name(table: &OutboxTable, options: &MigrationOptions) -> Ident {
+    table.name.derived(if options.covering_index {
+        "pending_covering_idx"
+    } else {
+        "pending_idx"
+    })
+}
+
+/// The `CREATE INDEX CONCURRENTLY` statement, sent alone.
+pub fn create_index_sql(table: &OutboxTable, options: &MigrationOptions) -> String {
+    let c = &table.columns;
+    let name = index_name(table, options).quoted();
+    let t = table.name.quoted();
+    let (occurred, processed) = (c.occurred_at.quoted(), c.processed_at.quoted());
+    if options.covering_index {
+        format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} ({occurred}, {processed}) \
+             INCLUDE ({}, {}, {}) WHERE {processed} IS NULL",
+            c.id.quoted(),
+            c.kind.quoted(),
+            c.payload.quoted()
+        )
+    } else {
+        format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} ({occurred}) INCLUDE ({}) \
+             WHERE {processed} IS NULL",
+            c.id.quoted()
+        )
+    }
+}
+
+fn qualified(table: &OutboxTable, object: &Ident) -> String {
+    match &table.name.schema {
+        Some(schema) => format!("{}.{}", schema.quoted(), object.quoted()),
+        None => object.quoted(),
+    }
+}
+
+/// Runs the migration. Idempotent; returns what it did. Holds the advisory lock on `conn` only
+/// for its duration.
+pub async fn migrate(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+    options: &MigrationOptions,
+) -> Result<MigrationReport, MigrateError> {
+    inspect(conn, table).await?;
+    let key = lock_key(table);
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+        .bind(&key)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !locked {
+        return Err(MigrateError::LockBusy);
+    }
+    let result = migrate_locked(conn, table, options).await;
+    // Unlock whatever happened; if the connection is gone, the lock went with it.
+    let _ = sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+        .bind(&key)
+        .execute(&mut *conn)
+        .await;
+    result
+}
+
+async fn run_alone(
+    conn: &mut PgConnection,
+    step: &'static str,
+    sql: String,
+) -> Result<(), MigrateError> {
+    // raw_sql uses the simple protocol; each call carries exactly one statement.
+    sqlx::raw_sql(AssertSqlSafe(sql))
+        .execute(&mut *conn)
+        .await
+        .map(|_| ())
+        .map_err(|source| MigrateError::Statement { step, source })
+}
+
+async fn migrate_locked(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+    options: &MigrationOptions,
+) -> Result<MigrationReport, MigrateError> {
+    let index = index_name(table, options);
+    let qualified_index = qualified(table, &index);
+
+    let validity: Option<bool> = sqlx::query_scalar(
+        "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)",
+    )
+    .bind(&qualified_index)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let action = match validity {
+        Some(true) => IndexAction::AlreadyValid,
+        Some(false) => {
+            run_alone(
+                conn,
+                "drop invalid index",
+                format!("DROP INDEX CONCURRENTLY IF EXISTS {qualified_index}"),
+            )
+            .await?;
+            run_alone(conn, "create index", create_index_sql(table, options)).await?;
+            IndexAction::RebuiltInvalid
+        }
+        None => {
+            run_alone(conn, "create index", create_index_sql(table, options)).await?;
+            IndexAction::Created
+        }
+    };
+
+    let reports = table.reports_table();
+    let reports_existed: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(reports.quoted())
+        .fetch_one(&mut *conn)
+        .await?;
+    if !reports_existed {
+        run_alone(
+            conn,
+            "create report table",
+            crate::reports::create_table_sql(&reports),
+        )
+        .await?;
+    }
+
+    let autovacuum_changed = !options.skip_autovacuum && apply_autovacuum(conn, table).await?;
+
+    if options.notify {
+        for (step, sql) in notify_trigger_sql(table) {
+            run_alone(conn, step, sql).await?;
+        }
+    }
+
+    Ok(MigrationReport {
+        index_name: index.to_string(),
+        index: action,
+        reports_table_created: !reports_existed,
+        autovacuum_changed,
+        notify_installed: options.notify,
+    })
+}
+
+/// Sets [`QUEUE_AUTOVACUUM`] when the table does not already carry it; true when it changed.
+async fn apply_autovacuum(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+) -> Result<bool, MigrateError> {
+    let current: Option<Vec<String>> =
+        sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)")
+            .bind(table.name.quoted())
+            .fetch_optional(&mut *conn)
+            .await?
+            .flatten();
+    let current = current.unwrap_or_default();
+    let wanted: Vec<String> = QUEUE_AUTOVACUUM
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if wanted.iter().all(|w| current.contains(w)) {
+        return Ok(false);
+    }
+    let settings = QUEUE_AUTOVACUUM
+        .iter()
+        .map(|(k, v)| format!("{k} = {v}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    run_alone(
+        conn,
+        "set autovacuum",
+        format!("ALTER TABLE {} SET ({settings})", table.name.quoted()),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// The trigger function and trigger that wake LISTENing relays. Statement-level, so a bulk
+/// insert costs one notification.
+pub fn notify_trigger_sql(table: &OutboxTable) -> Vec<(&'static str, String)> {
+    let function = qualified(table, &table.name.derived("outbox_notify"));
+    let trigger = table.name.derived("outbox_notify").quoted();
+    let channel = notify_channel(table);
+    vec![
+        (
+            "create notify function",
+            format!(
+                "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS \
+                 $fn$ BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $fn$"
+            ),
+        ),
+        (
+            "create notify trigger",
+            format!(
+                "CREATE OR REPLACE TRIGGER {trigger} AFTER INSERT ON {} \
+                 FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
+                table.name.quoted()
+            ),
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ident::TableName;
+
+    #[test]
+    fn default_index_keeps_the_payload_out() {
+        let table = OutboxTable::new(TableName::parse("outbox_messages").unwrap());
+        let sql = create_index_sql(&table, &MigrationOptions::default());
+        assert_eq!(
+            sql,
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"outbox_messages_pending_idx\" ON \"outbox_messages\" \
+             (\"occurred_on_utc\") INCLUDE (\"id\") WHERE \"processed_on_utc\" IS NULL"
+        );
+        assert!(!sql.contains("content"));
+    }
+
+    #[test]
+    fn covering_index_is_the_articles() {
+        let table = OutboxTable::new(TableName::parse("s.o").unwrap());
+        let options = MigrationOptions {
+            covering_index: true,
+            ..Default::default()
+        };
+        let sql = create_index_sql(&table, &options);
+        assert!(sql.contains("ON \"s\".\"o\" (\"occurred_on_utc\", \"processed_on_utc\") INCLUDE (\"id\", \"type\", \"content\")"));
+    }
+
+    #[test]
+    fn notify_channel_is_a_plain_name() {
+        let table = OutboxTable::new(TableName::parse("app.events").unwrap());
+        assert_eq!(notify_channel(&table), "outbox_app_events");
+    }
+}

@@ -1,0 +1,169 @@
+//! Connection URLs carry passwords. [`SecretUrl`] keeps the full text for the drivers and shows
+//! only a redacted form in `Debug`, `Display`, logs and error messages.
+
+use std::fmt;
+
+/// Which service a URL is for; decides the accepted schemes and the error wording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UrlKind {
+    Postgres,
+    Amqp,
+}
+
+impl UrlKind {
+    fn schemes(self) -> &'static [&'static str] {
+        match self {
+            UrlKind::Postgres => &["postgres", "postgresql"],
+            UrlKind::Amqp => &["amqp", "amqps"],
+        }
+    }
+
+    fn example(self) -> &'static str {
+        match self {
+            UrlKind::Postgres => "postgres://user:password@host:5432/database",
+            UrlKind::Amqp => "amqp://user:password@host:5672/%2f",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("is not a URL ({reason}); expected something like {example}")]
+    Unparseable {
+        reason: String,
+        example: &'static str,
+    },
+    #[error("has scheme {scheme:?}; use one of {allowed:?}")]
+    Scheme {
+        scheme: String,
+        allowed: &'static [&'static str],
+    },
+    #[error("has no host; expected something like {example}")]
+    NoHost { example: &'static str },
+}
+
+/// A validated connection URL whose password never leaves through formatting.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretUrl {
+    full: String,
+    redacted: String,
+}
+
+impl SecretUrl {
+    pub fn parse(text: &str, kind: UrlKind) -> Result<Self, UrlError> {
+        let example = kind.example();
+        // The parser's own message never contains the input, so it is safe to pass on.
+        let parsed = url::Url::parse(text.trim()).map_err(|e| UrlError::Unparseable {
+            reason: e.to_string(),
+            example,
+        })?;
+        if !kind.schemes().contains(&parsed.scheme()) {
+            return Err(UrlError::Scheme {
+                scheme: parsed.scheme().to_string(),
+                allowed: kind.schemes(),
+            });
+        }
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err(UrlError::NoHost { example });
+        }
+        Ok(Self {
+            full: text.trim().to_string(),
+            redacted: redact(&parsed),
+        })
+    }
+
+    /// The complete URL, for handing to a driver. Never log this.
+    pub fn expose(&self) -> &str {
+        &self.full
+    }
+
+    /// The password as given (percent-decoded), so tests and log scanners can look for it.
+    pub fn password(&self) -> Option<String> {
+        let parsed = url::Url::parse(&self.full).ok()?;
+        let raw = parsed.password()?;
+        Some(percent_decode(raw))
+    }
+
+    pub fn redacted(&self) -> &str {
+        &self.redacted
+    }
+}
+
+fn redact(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("***"));
+    }
+    // Query strings may hold passwords too (`?password=`), so they are dropped from the shown form.
+    shown.set_query(None);
+    shown.to_string()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(hex) = std::str::from_utf8(&bytes[i + 1..i + 3])
+            && let Ok(byte) = u8::from_str_radix(hex, 16)
+        {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretUrl({})", self.redacted)
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        let url = SecretUrl::parse(
+            "postgres://app:s3cr%40t%2Fpw@db.example:5432/app?password=other",
+            UrlKind::Postgres,
+        )
+        .unwrap();
+        for shown in [
+            format!("{url}"),
+            format!("{url:?}"),
+            url.redacted().to_string(),
+        ] {
+            assert!(!shown.contains("s3cr"), "{shown}");
+            assert!(!shown.contains("other"), "{shown}");
+            assert!(shown.contains("db.example"), "{shown}");
+        }
+        assert_eq!(url.password().as_deref(), Some("s3cr@t/pw"));
+        assert!(url.expose().contains("s3cr%40t"));
+    }
+
+    #[test]
+    fn bad_urls_are_refused_without_echoing_them() {
+        let err = SecretUrl::parse("mysql://u:hunter2@h/db", UrlKind::Postgres).unwrap_err();
+        assert!(matches!(err, UrlError::Scheme { .. }));
+        assert!(!err.to_string().contains("hunter2"));
+        let err = SecretUrl::parse("not a url hunter2", UrlKind::Amqp).unwrap_err();
+        assert!(matches!(err, UrlError::Unparseable { .. }));
+        assert!(!err.to_string().contains("hunter2"));
+        let err = SecretUrl::parse("amqp://", UrlKind::Amqp).unwrap_err();
+        assert!(matches!(err, UrlError::NoHost { .. }), "{err:?}");
+    }
+}

@@ -1,0 +1,176 @@
+//! The SQL text of the table protocol, built once per table from validated, quoted
+//! identifiers. Values are always bound (`$1`, `$2`, …), never formatted in.
+
+use std::sync::Arc;
+
+use crate::inspect::PayloadKind;
+use crate::table::{DeliveryMode, OutboxTable};
+
+/// The statements one worker runs, prepared as text at start.
+#[derive(Debug, Clone)]
+pub struct Statements {
+    /// Claims up to `$1` pending rows in claim order, skipping rows other workers hold.
+    pub claim: Arc<str>,
+    /// Settles a batch where every row was confirmed: `$1 uuid[]`.
+    pub settle_all_published: Arc<str>,
+    /// Settles a batch with per-row outcomes: `$1 uuid[]`, `$2 text[]` (error or NULL),
+    /// `$3 bool[]` (true = done: published or dead-lettered; false = stays pending).
+    pub settle_outcomes: Arc<str>,
+    /// Capped count of pending rows: `$1` is the cap.
+    pub backlog: Arc<str>,
+    /// Age in seconds of the oldest pending row, NULL when none is pending.
+    pub oldest_age: Arc<str>,
+}
+
+impl Statements {
+    pub fn new(table: &OutboxTable, payload: PayloadKind) -> Self {
+        let t = table.name.quoted();
+        let c = &table.columns;
+        let (id, kind, body, occurred, processed, error) = (
+            c.id.quoted(),
+            c.kind.quoted(),
+            c.payload.quoted(),
+            c.occurred_at.quoted(),
+            c.processed_at.quoted(),
+            c.error.quoted(),
+        );
+        // Every row decodes into the same shape whatever is mapped, so the worker reads
+        // columns by position without branching per table.
+        let payload_expr = match payload {
+            PayloadKind::Json | PayloadKind::Text => format!("t.{body}::text"),
+            PayloadKind::Bytes => format!("t.{body}"),
+        };
+        let routing_expr = c
+            .routing_key
+            .as_ref()
+            .map_or("NULL::text".to_string(), |col| {
+                format!("t.{}::text", col.quoted())
+            });
+        let headers_expr = c.headers.as_ref().map_or("NULL::jsonb".to_string(), |col| {
+            format!("t.{}::jsonb", col.quoted())
+        });
+        let attempts_expr = c.attempts.as_ref().map_or("0".to_string(), |col| {
+            format!("coalesce(t.{}, 0)::int4", col.quoted())
+        });
+
+        let claim = format!(
+            "SELECT t.{id}, t.{kind}::text, {payload_expr}, t.{occurred}::timestamptz, \
+             {routing_expr}, {headers_expr}, {attempts_expr} \
+             FROM {t} AS t WHERE t.{processed} IS NULL \
+             ORDER BY t.{occurred} LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
+        );
+
+        let settle_all_published = match table.mode {
+            DeliveryMode::Mark => format!(
+                "UPDATE {t} SET {processed} = now(), {error} = NULL WHERE {id} = ANY($1::uuid[])"
+            ),
+            DeliveryMode::Delete => format!("DELETE FROM {t} WHERE {id} = ANY($1::uuid[])"),
+        };
+
+        let attempts_set = c.attempts.as_ref().map_or(String::new(), |col| {
+            let col = col.quoted();
+            format!(", {col} = coalesce(t.{col}, 0) + CASE WHEN u.error IS NULL THEN 0 ELSE 1 END")
+        });
+        let outcomes = "unnest($1::uuid[], $2::text[], $3::bool[]) AS u(id, error, done)";
+        let update_outcomes = |only_failed: &str| {
+            format!(
+                "UPDATE {t} AS t SET {processed} = CASE WHEN u.done THEN now() ELSE NULL END, \
+                 {error} = u.error{attempts_set} FROM {outcomes} WHERE t.{id} = u.id{only_failed}"
+            )
+        };
+        let settle_outcomes = match table.mode {
+            DeliveryMode::Mark => update_outcomes(""),
+            // Published rows go; failed and dead-lettered rows stay with their error so they
+            // can be inspected. Both parts run in one statement, on disjoint rows.
+            DeliveryMode::Delete => format!(
+                "WITH published AS (DELETE FROM {t} AS t USING {outcomes} \
+                 WHERE t.{id} = u.id AND u.error IS NULL) {}",
+                update_outcomes(" AND u.error IS NOT NULL")
+            ),
+        };
+
+        let backlog = format!(
+            "SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {processed} IS NULL LIMIT $1) AS pending"
+        );
+        let oldest_age = format!(
+            "SELECT extract(epoch FROM now() - ({occurred})::timestamptz)::float8 FROM {t} \
+             WHERE {processed} IS NULL ORDER BY {occurred} LIMIT 1"
+        );
+
+        Self {
+            claim: claim.into(),
+            settle_all_published: settle_all_published.into(),
+            settle_outcomes: settle_outcomes.into(),
+            backlog: backlog.into(),
+            oldest_age: oldest_age.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ident::{Ident, TableName};
+
+    fn table() -> OutboxTable {
+        OutboxTable::new(TableName::parse("app.outbox").unwrap())
+    }
+
+    #[test]
+    fn claim_skips_locked_rows_in_claim_order() {
+        let s = Statements::new(&table(), PayloadKind::Json);
+        assert!(
+            s.claim
+                .contains("FROM \"app\".\"outbox\" AS t WHERE t.\"processed_on_utc\" IS NULL")
+        );
+        assert!(
+            s.claim
+                .contains("ORDER BY t.\"occurred_on_utc\" LIMIT $1 FOR UPDATE OF t SKIP LOCKED")
+        );
+        assert!(s.claim.contains("NULL::text, NULL::jsonb, 0"));
+    }
+
+    #[test]
+    fn optional_columns_are_read_when_mapped() {
+        let mut t = table();
+        t.columns.routing_key = Some(Ident::new("rk").unwrap());
+        t.columns.headers = Some(Ident::new("hdrs").unwrap());
+        t.columns.attempts = Some(Ident::new("tries").unwrap());
+        let s = Statements::new(&t, PayloadKind::Bytes);
+        assert!(s.claim.contains("t.\"content\", t.\"occurred_on_utc\""));
+        assert!(
+            s.claim
+                .contains("t.\"rk\"::text, t.\"hdrs\"::jsonb, coalesce(t.\"tries\", 0)::int4")
+        );
+        assert!(
+            s.settle_outcomes
+                .contains("\"tries\" = coalesce(t.\"tries\", 0) + CASE")
+        );
+    }
+
+    #[test]
+    fn delete_mode_deletes_only_published_rows() {
+        let mut t = table();
+        t.mode = DeliveryMode::Delete;
+        let s = Statements::new(&t, PayloadKind::Json);
+        assert!(
+            s.settle_all_published
+                .starts_with("DELETE FROM \"app\".\"outbox\"")
+        );
+        assert!(s.settle_outcomes.contains("u.error IS NULL) UPDATE"));
+        assert!(s.settle_outcomes.ends_with("AND u.error IS NOT NULL"));
+    }
+
+    #[test]
+    fn every_statement_binds_its_values() {
+        let s = Statements::new(&table(), PayloadKind::Text);
+        for text in [
+            &s.claim,
+            &s.settle_all_published,
+            &s.settle_outcomes,
+            &s.backlog,
+        ] {
+            assert!(text.contains("$1"), "{text}");
+        }
+    }
+}
