@@ -1,0 +1,64 @@
+# The verbs a person types. `make demo` and `make test` are the quick start.
+SHELL := /bin/bash
+CARGO ?= cargo
+CACHE := $(CURDIR)/.cache
+export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
+export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
+
+.PHONY: all build release demo test test-rust lint services bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt
+
+all: build
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+release:
+	$(CARGO) build --release -p outbox-relay -p outbox-operator
+
+services:
+	./scripts/services.sh
+
+## demo: seed 1,000,000 rows into a local table and relay them to RabbitMQ, with live progress.
+demo: services release
+	./scripts/demo.sh
+
+## test: everything CI runs.
+test: services test-rust chart-check bench-smoke chaos-smoke
+
+test-rust:
+	$(CARGO) build --workspace --all-targets --release
+	$(CARGO) test --workspace --release -- --test-threads=4
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## crds: regenerate the CRD from the Rust types (a test fails when they drift).
+crds:
+	$(CARGO) run -q -p outbox-operator -- crd > crds/outboxrelays.yaml
+	cp crds/outboxrelays.yaml charts/outbox-relay-operator/crds/outboxrelays.yaml
+
+## chart-check: helm lint/template with the real helm, schema validation of every manifest.
+chart-check:
+	./scripts/chart-check.sh
+
+bench: services release
+	./target/release/outbox-bench $(BENCH_ARGS)
+
+bench-smoke: services
+	./target/release/outbox-bench --smoke
+
+chaos: services release
+	./target/release/outbox-chaos $(CHAOS_ARGS)
+
+chaos-smoke: services
+	./target/release/outbox-chaos --smoke
+
+e2e-cluster:
+	./scripts/e2e-cluster.sh
+
+image:
+	./scripts/image.sh
