@@ -39,6 +39,27 @@ pub enum LogFormat {
     Json,
 }
 
+/// Exchange types the relay can declare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExchangeType {
+    Fanout,
+    Topic,
+    Direct,
+    Headers,
+}
+
+impl ExchangeType {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "fanout" => Some(Self::Fanout),
+            "topic" => Some(Self::Topic),
+            "direct" => Some(Self::Direct),
+            "headers" => Some(Self::Headers),
+            _ => None,
+        }
+    }
+}
+
 /// Where the routing key of a message comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RoutingKey {
@@ -110,6 +131,10 @@ pub struct RunArgs {
     /// Exchange to publish to ("" is the default exchange). Default: outbox.
     #[arg(long, env = "OUTBOX_RELAY_EXCHANGE")]
     pub exchange: Option<String>,
+    /// Declare the exchange (durable) with this type at connect: fanout, topic, direct or
+    /// headers. Without it the exchange must already exist (checked at connect).
+    #[arg(long, env = "OUTBOX_RELAY_DECLARE_EXCHANGE")]
+    pub declare_exchange: Option<String>,
     /// Static routing key for every message. Default: the row's type, or the routing-key column.
     #[arg(long, env = "OUTBOX_RELAY_ROUTING_KEY")]
     pub routing_key: Option<String>,
@@ -155,6 +180,9 @@ pub struct RunArgs {
     /// AMQP content_type. Default: from the payload column type (application/json for json).
     #[arg(long, env = "OUTBOX_RELAY_CONTENT_TYPE")]
     pub content_type: Option<String>,
+    /// Delete processed rows older than this, e.g. 168h (mark mode). Default: keep them.
+    #[arg(long, env = "OUTBOX_RELAY_PROCESSED_RETENTION")]
+    pub processed_retention: Option<String>,
     /// Name of this process in lag reports. Default: $POD_NAME, then the host name.
     #[arg(long, env = "POD_NAME")]
     pub pod_name: Option<String>,
@@ -171,6 +199,7 @@ pub struct FileConfig {
     pub mode: Option<String>,
     pub relay_name: Option<String>,
     pub exchange: Option<String>,
+    pub declare_exchange: Option<String>,
     pub routing_key: Option<String>,
     pub batch_size: Option<i64>,
     pub workers: Option<i64>,
@@ -186,6 +215,7 @@ pub struct FileConfig {
     pub shutdown_grace: Option<String>,
     pub report_interval: Option<String>,
     pub content_type: Option<String>,
+    pub processed_retention: Option<String>,
     pub pod_name: Option<String>,
 }
 
@@ -236,6 +266,7 @@ pub struct RelayConfig {
     pub db: TableConfig,
     pub amqp_url: SecretUrl,
     pub exchange: String,
+    pub declare_exchange: Option<ExchangeType>,
     pub routing_key: RoutingKey,
     pub batch_size: usize,
     pub workers: usize,
@@ -251,6 +282,7 @@ pub struct RelayConfig {
     pub shutdown_grace: Duration,
     pub report_interval: Duration,
     pub content_type: Option<String>,
+    pub processed_retention: Option<Duration>,
     pub pod_name: String,
 }
 
@@ -448,6 +480,17 @@ impl RunArgs {
 
         let exchange = pick(&self.exchange, &file.exchange).unwrap_or_else(|| "outbox".into());
         short_string("exchange", &exchange)?;
+        let declare_exchange = match pick(&self.declare_exchange, &file.declare_exchange) {
+            None => None,
+            Some(text) => Some(ExchangeType::parse(&text).ok_or_else(|| {
+                ConfigError::new(
+                    "declare-exchange",
+                    format!(
+                        "{text:?} is not an exchange type; use fanout, topic, direct or headers"
+                    ),
+                )
+            })?),
+        };
         let routing_key = match pick(&self.routing_key, &file.routing_key) {
             Some(key) => {
                 short_string("routing-key", &key)?;
@@ -507,7 +550,14 @@ impl RunArgs {
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| format!("pid-{}", std::process::id()));
 
+        let processed_retention = match pick(&self.processed_retention, &file.processed_retention) {
+            None => None,
+            Some(text) => Some(parse_duration("processed-retention", Some(text), "")?),
+        };
+
         Ok(RelayConfig {
+            declare_exchange,
+            processed_retention,
             db,
             amqp_url,
             exchange,

@@ -3,12 +3,21 @@
 //! This crate owns everything about the outbox table: identifiers, SQL, the migration and the
 //! lag measurement. The operator calls these functions; it never writes SQL of its own.
 
+pub mod backoff;
+pub mod batch;
 pub mod config;
+pub mod http;
 pub mod ident;
 pub mod inspect;
+pub mod listener;
 pub mod metrics;
 pub mod migrate;
+pub mod publisher;
+pub mod relay;
+pub mod reporter;
 pub mod reports;
 pub mod secret_url;
+pub mod seed;
 pub mod sql;
 pub mod table;
+pub mod worker;

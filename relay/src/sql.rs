@@ -20,6 +20,8 @@ pub struct Statements {
     pub backlog: Arc<str>,
     /// Age in seconds of the oldest pending row, NULL when none is pending.
     pub oldest_age: Arc<str>,
+    /// Deletes up to `$2` rows processed more than `$1` seconds ago (retention in mark mode).
+    pub purge_processed: Arc<str>,
 }
 
 impl Statements {
@@ -97,7 +99,13 @@ impl Statements {
              WHERE {processed} IS NULL ORDER BY {occurred} LIMIT 1"
         );
 
+        let purge_processed = format!(
+            "DELETE FROM {t} WHERE {id} IN (SELECT {id} FROM {t} WHERE {processed} IS NOT NULL \
+             AND {processed} < now() - make_interval(secs => $1) LIMIT $2)"
+        );
+
         Self {
+            purge_processed: purge_processed.into(),
             claim: claim.into(),
             settle_all_published: settle_all_published.into(),
             settle_outcomes: settle_outcomes.into(),

@@ -1,1 +1,23 @@
+//! Support for the cross-component tests: unique tables and exchanges per test, a consumer
+//! that records every message id, and real `outbox-relay` processes.
 
+pub mod broker;
+pub mod db;
+pub mod process;
+
+/// A short unique suffix for table, exchange and queue names, so tests never share data.
+pub fn unique(prefix: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}_{}", &id[..12])
+}
+
+pub const DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DATABASE_URL.to_string())
+}
+
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| AMQP_URL.to_string())
+}

@@ -1,0 +1,50 @@
+//! LISTEN for the NOTIFY trigger (installed by `migrate --notify`) so idle workers wake as soon
+//! as rows are committed instead of at the next poll. Polling stays as the fallback: a lost
+//! connection or a missing trigger only costs latency.
+
+use sqlx::postgres::PgListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::backoff::Backoff;
+use crate::secret_url::SecretUrl;
+
+pub async fn run_listener(
+    url: SecretUrl,
+    channel: String,
+    wake: watch::Sender<u64>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = Backoff::default();
+    while !shutdown.is_cancelled() {
+        let mut listener = match PgListener::connect(url.expose()).await {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(error = %e, "LISTEN connection failed; relying on polling until it is back");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.next_delay()) => continue,
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        };
+        if let Err(e) = listener.listen(&channel).await {
+            warn!(error = %e, "LISTEN failed; relying on polling");
+            tokio::select! {
+                _ = tokio::time::sleep(backoff.next_delay()) => continue,
+                _ = shutdown.cancelled() => return,
+            }
+        }
+        backoff.reset();
+        debug!(%channel, "listening for new rows");
+        loop {
+            tokio::select! {
+                received = listener.recv() => match received {
+                    Ok(_) => { wake.send_modify(|n| *n = n.wrapping_add(1)); }
+                    Err(e) => { warn!(error = %e, "LISTEN connection lost"); break; }
+                },
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! Publishing a batch and awaiting its confirms, behind a small trait so another broker can be
+//! added without touching the claim loop. RabbitMQ through lapin is the one implemented.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::FutureExt;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+use lapin::{
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+};
+
+use crate::config::ExchangeType;
+use uuid::Uuid;
+
+use crate::metrics::FailureReason;
+
+/// One message ready to go out; borrowed from the claimed row, so nothing is copied twice.
+#[derive(Debug, Clone)]
+pub struct Message<'a> {
+    pub id: Uuid,
+    pub kind: &'a str,
+    pub routing_key: &'a str,
+    pub payload: &'a [u8],
+    /// Seconds since the epoch (AMQP timestamp).
+    pub timestamp: Option<u64>,
+    pub headers: Option<FieldTable>,
+}
+
+/// Which exchange a batch goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Main,
+    DeadLetter,
+}
+
+/// What became of one published message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// The broker confirmed it (or confirms are off and it was written to the socket).
+    Confirmed,
+    /// The broker refused it: spends an attempt.
+    Rejected {
+        reason: FailureReason,
+        detail: String,
+    },
+    /// The connection failed or no confirm arrived in time: nothing is known, the row stays
+    /// pending and no attempt is spent.
+    Unknown { reason: FailureReason },
+}
+
+/// The deliveries of one batch, in the order of the messages, and whether the connection must
+/// be replaced before the next batch.
+#[derive(Debug)]
+pub struct BatchOutcome {
+    pub deliveries: Vec<Delivery>,
+    pub broken: Option<String>,
+    /// Time spent handing the messages to the connection, before waiting for confirms.
+    pub publish_time: Duration,
+}
+
+pub trait Publisher: Send {
+    /// Publishes every message pipelined, then awaits every confirm within the timeout.
+    fn publish_batch(
+        &mut self,
+        target: Target,
+        messages: &[Message<'_>],
+    ) -> impl Future<Output = BatchOutcome> + Send;
+    /// Cheap check that the connection is usable, for readiness.
+    fn is_connected(&self) -> bool;
+}
+
+/// Publisher settings that do not depend on the row.
+#[derive(Debug, Clone)]
+pub struct AmqpSettings {
+    pub exchange: String,
+    pub dead_letter_exchange: Option<String>,
+    pub confirms: bool,
+    pub mandatory: bool,
+    pub timeout: Duration,
+    pub content_type: String,
+    pub connection_name: String,
+    pub declare_exchange: Option<crate::config::ExchangeType>,
+}
+
+/// RabbitMQ publisher: one connection and one confirm channel.
+pub struct AmqpPublisher {
+    connection: Connection,
+    channel: Channel,
+    exchange: ShortString,
+    dead_letter_exchange: Option<ShortString>,
+    settings: AmqpSettings,
+    content_type: ShortString,
+}
+
+impl AmqpPublisher {
+    pub async fn connect(
+        url: &crate::secret_url::SecretUrl,
+        settings: AmqpSettings,
+    ) -> Result<Self, lapin::Error> {
+        let properties = ConnectionProperties::default()
+            .with_connection_name(settings.connection_name.clone().into());
+        let connection = Connection::connect(url.expose(), properties).await?;
+        let channel = connection.create_channel().await?;
+        ensure_exchange(&channel, &settings.exchange, settings.declare_exchange).await?;
+        if let Some(dlx) = &settings.dead_letter_exchange {
+            let kind = settings.declare_exchange.map(|_| ExchangeType::Fanout);
+            ensure_exchange(&channel, dlx, kind).await?;
+        }
+        if settings.confirms {
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+        }
+        Ok(Self {
+            exchange: settings.exchange.clone().into(),
+            dead_letter_exchange: settings.dead_letter_exchange.clone().map(Into::into),
+            content_type: settings.content_type.clone().into(),
+            connection,
+            channel,
+            settings,
+        })
+    }
+
+    fn properties(&self, message: &Message<'_>) -> BasicProperties {
+        let mut properties = BasicProperties::default()
+            .with_message_id(message.id.to_string().into())
+            .with_type(message.kind.into())
+            .with_content_type(self.content_type.clone())
+            .with_delivery_mode(2);
+        if let Some(ts) = message.timestamp {
+            properties = properties.with_timestamp(ts);
+        }
+        if let Some(headers) = message.headers.clone() {
+            properties = properties.with_headers(headers);
+        }
+        properties
+    }
+
+    pub async fn close(&self) {
+        let _ = self
+            .connection
+            .close(200, "relay shutting down".into())
+            .await;
+    }
+}
+
+impl Publisher for AmqpPublisher {
+    async fn publish_batch(&mut self, target: Target, messages: &[Message<'_>]) -> BatchOutcome {
+        let exchange = match target {
+            Target::Main => self.exchange.clone(),
+            Target::DeadLetter => self
+                .dead_letter_exchange
+                .clone()
+                .unwrap_or_else(|| self.exchange.clone()),
+        };
+        let options = BasicPublishOptions {
+            mandatory: self.settings.mandatory && target == Target::Main,
+            immediate: false,
+        };
+        let started = std::time::Instant::now();
+        let mut confirms = Vec::with_capacity(messages.len());
+        let mut broken = None;
+        // Every publish goes out before the first confirm is awaited: one round trip per batch.
+        for message in messages {
+            let properties = self.properties(message);
+            match self
+                .channel
+                .basic_publish(
+                    exchange.clone(),
+                    message.routing_key.into(),
+                    options,
+                    message.payload,
+                    properties,
+                )
+                .await
+            {
+                Ok(confirm) => confirms.push(confirm),
+                Err(e) => {
+                    broken = Some(format!("publish failed: {e}"));
+                    break;
+                }
+            }
+        }
+
+        let publish_time = started.elapsed();
+        let deadline = tokio::time::Instant::now() + self.settings.timeout;
+        let mut deliveries = Vec::with_capacity(messages.len());
+        let mut timed_out = false;
+        for confirm in confirms {
+            let result = if timed_out {
+                // Past the deadline, take only what has already arrived.
+                confirm.now_or_never()
+            } else {
+                match tokio::time::timeout_at(deadline, confirm).await {
+                    Ok(result) => Some(result),
+                    Err(_) => {
+                        timed_out = true;
+                        None
+                    }
+                }
+            };
+            deliveries.push(match result {
+                Some(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => {
+                    Delivery::Confirmed
+                }
+                Some(Ok(Confirmation::Ack(Some(returned)))) => Delivery::Rejected {
+                    reason: FailureReason::Unroutable,
+                    detail: format!(
+                        "returned by the broker as unroutable: {} {}",
+                        returned.reply_code, returned.reply_text
+                    ),
+                },
+                Some(Ok(Confirmation::Nack(_))) => Delivery::Rejected {
+                    reason: FailureReason::Nack,
+                    detail: "negatively acknowledged (basic.nack) by the broker".into(),
+                },
+                Some(Err(e)) => {
+                    broken.get_or_insert_with(|| format!("confirm failed: {e}"));
+                    Delivery::Unknown {
+                        reason: FailureReason::BrokerUnavailable,
+                    }
+                }
+                None => Delivery::Unknown {
+                    reason: FailureReason::Timeout,
+                },
+            });
+        }
+        if timed_out {
+            // A late confirm on this channel would be ambiguous; start over on a fresh one.
+            broken.get_or_insert_with(|| format!("no confirm within {:?}", self.settings.timeout));
+        }
+        // Messages never handed to the channel are unknown too.
+        deliveries.resize(
+            messages.len(),
+            Delivery::Unknown {
+                reason: FailureReason::BrokerUnavailable,
+            },
+        );
+        BatchOutcome {
+            deliveries,
+            broken,
+            publish_time,
+        }
+    }
+
+    fn is_connected(&self) -> bool {
+        self.connection.status().connected() && self.channel.status().connected()
+    }
+}
+
+/// Declares the exchange when asked to, otherwise checks that it exists (a passive declare), so
+/// a missing exchange is reported at connect instead of as a closed channel mid-batch.
+async fn ensure_exchange(
+    channel: &Channel,
+    name: &str,
+    declare: Option<ExchangeType>,
+) -> Result<(), lapin::Error> {
+    if name.is_empty() {
+        return Ok(()); // the default exchange always exists
+    }
+    let (kind, options) = match declare {
+        Some(kind) => (
+            match kind {
+                ExchangeType::Fanout => ExchangeKind::Fanout,
+                ExchangeType::Topic => ExchangeKind::Topic,
+                ExchangeType::Direct => ExchangeKind::Direct,
+                ExchangeType::Headers => ExchangeKind::Headers,
+            },
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+        ),
+        None => (
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+        ),
+    };
+    channel
+        .exchange_declare(name.into(), kind, options, FieldTable::default())
+        .await
+}
+
+/// Why a headers value cannot become AMQP headers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadersError {
+    #[error("headers must be a JSON object, got {0}")]
+    NotAnObject(&'static str),
+    #[error("header name {0:?} is longer than 255 bytes")]
+    KeyTooLong(String),
+}
+
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Converts a JSON object into an AMQP field table (nested objects and arrays included).
+pub fn headers_from_json(value: &serde_json::Value) -> Result<FieldTable, HeadersError> {
+    let serde_json::Value::Object(map) = value else {
+        return Err(HeadersError::NotAnObject(json_kind(value)));
+    };
+    let mut table = FieldTable::default();
+    for (key, value) in map {
+        if key.len() > 255 {
+            return Err(HeadersError::KeyTooLong(key.chars().take(40).collect()));
+        }
+        table.insert(key.as_str().into(), amqp_value(value)?);
+    }
+    Ok(table)
+}
+
+fn amqp_value(value: &serde_json::Value) -> Result<AMQPValue, HeadersError> {
+    Ok(match value {
+        serde_json::Value::Null => AMQPValue::Void,
+        serde_json::Value::Bool(b) => AMQPValue::Boolean(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => AMQPValue::LongLongInt(i),
+            None => AMQPValue::Double(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+        serde_json::Value::Array(items) => AMQPValue::FieldArray(FieldArray::from(
+            items
+                .iter()
+                .map(amqp_value)
+                .collect::<Result<Vec<_>, _>>()?,
+        )),
+        serde_json::Value::Object(_) => AMQPValue::FieldTable(headers_from_json(value)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn json_objects_become_field_tables() {
+        let table = headers_from_json(
+            &json!({"tenant": "a", "n": 3, "ok": true, "tags": ["x"], "nested": {"k": 1.5}}),
+        )
+        .unwrap();
+        let inner = table.inner();
+        assert_eq!(
+            inner.get(&ShortString::from("n")),
+            Some(&AMQPValue::LongLongInt(3))
+        );
+        assert_eq!(
+            inner.get(&ShortString::from("ok")),
+            Some(&AMQPValue::Boolean(true))
+        );
+        assert!(matches!(
+            inner.get(&ShortString::from("nested")),
+            Some(AMQPValue::FieldTable(_))
+        ));
+        assert!(matches!(
+            inner.get(&ShortString::from("tags")),
+            Some(AMQPValue::FieldArray(_))
+        ));
+    }
+
+    #[test]
+    fn other_json_is_refused() {
+        assert_eq!(
+            headers_from_json(&json!([1, 2])),
+            Err(HeadersError::NotAnObject("an array"))
+        );
+        assert_eq!(
+            headers_from_json(&json!("x")),
+            Err(HeadersError::NotAnObject("a string"))
+        );
+        let long = "k".repeat(300);
+        assert!(matches!(
+            headers_from_json(&json!({ long: 1 })),
+            Err(HeadersError::KeyTooLong(_))
+        ));
+    }
+}

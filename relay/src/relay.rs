@@ -1,0 +1,200 @@
+//! `outbox-relay run`: wires the workers, the reporter, the LISTEN task and the HTTP server
+//! together, and shuts them down in order on SIGTERM.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use sqlx::{Connection, PgConnection};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::backoff::Backoff;
+use crate::batch::BatchSettings;
+use crate::config::RelayConfig;
+use crate::inspect::{InspectError, TableShape, inspect};
+use crate::metrics::Metrics;
+use crate::migrate::notify_channel;
+use crate::publisher::AmqpSettings;
+use crate::reporter::{ReporterContext, run_reporter};
+use crate::sql::Statements;
+use crate::worker::{WorkerContext, run_worker};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The table or its columns do not match the configuration: the user must fix it.
+    #[error(transparent)]
+    Table(InspectError),
+    #[error("invalid --metrics-addr: cannot listen on {addr}: {source}; pick a free port")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("shutdown grace period of {0:?} ran out with batches still in flight; they roll back")]
+    GraceExpired(std::time::Duration),
+}
+
+impl RunError {
+    pub fn is_user_error(&self) -> bool {
+        matches!(self, RunError::Table(_) | RunError::Bind { .. })
+    }
+}
+
+/// Connects and checks the table, retrying while PostgreSQL is unreachable. Returns `None`
+/// when shutdown came first.
+async fn inspect_with_retry(
+    config: &RelayConfig,
+    shutdown: &CancellationToken,
+) -> Result<Option<TableShape>, RunError> {
+    let mut backoff = Backoff::default();
+    loop {
+        let attempt = async {
+            let mut conn = PgConnection::connect(config.db.database_url.expose())
+                .await
+                .map_err(InspectError::Database)?;
+            let shape = inspect(&mut conn, &config.db.table).await;
+            let _ = conn.close().await;
+            shape
+        };
+        match attempt.await {
+            Ok(shape) => return Ok(Some(shape)),
+            Err(e) if e.is_user_error() => return Err(RunError::Table(e)),
+            Err(e) => {
+                warn!(database = %config.db.database_url, error = %e, "PostgreSQL unreachable at start; retrying")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.next_delay()) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+    }
+}
+
+/// Runs the relay until `shutdown` is cancelled, then lets the batches in flight finish.
+pub async fn run(
+    config: RelayConfig,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    if !config.publisher_confirms {
+        warn!(
+            "publisher confirms are OFF: rows are marked as soon as messages are written to the socket, \
+             so a broker failure can lose messages. Turn them on unless you accept that loss."
+        );
+    }
+    if config.db.table.columns.attempts.is_none() && config.max_attempts > 1 {
+        info!(
+            "no attempts column mapped: a message the broker rejects is dead-lettered at its first rejection"
+        );
+    }
+    let http_stop = CancellationToken::new();
+    let http = crate::http::serve(config.metrics_addr, metrics.clone(), http_stop.clone())
+        .await
+        .map_err(|source| RunError::Bind {
+            addr: config.metrics_addr,
+            source,
+        })?;
+
+    let Some(shape) = inspect_with_retry(&config, &shutdown).await? else {
+        http_stop.cancel();
+        return Ok(());
+    };
+    let statements = Arc::new(Statements::new(&config.db.table, shape.payload));
+    let published_total = Arc::new(AtomicU64::new(0));
+    // Keep the sender alive for the whole run; workers treat a closed channel as "poll only".
+    let (wake_tx, wake_rx) = watch::channel(0u64);
+
+    let workers_stop = shutdown.child_token();
+    let context = WorkerContext {
+        database_url: config.db.database_url.clone(),
+        amqp_url: config.amqp_url.clone(),
+        amqp: AmqpSettings {
+            exchange: config.exchange.clone(),
+            dead_letter_exchange: config.dead_letter_exchange.clone(),
+            confirms: config.publisher_confirms,
+            mandatory: config.mandatory,
+            timeout: config.publish_timeout,
+            content_type: config
+                .content_type
+                .clone()
+                .unwrap_or_else(|| shape.payload.default_content_type().to_string()),
+            declare_exchange: config.declare_exchange,
+            connection_name: format!("outbox-relay {} {}", config.db.relay_name, config.pod_name),
+        },
+        statements: statements.clone(),
+        settings: BatchSettings {
+            batch_size: config.batch_size,
+            routing_key: config.routing_key.clone(),
+            max_attempts: config.max_attempts,
+            has_attempts_column: config.db.table.columns.attempts.is_some(),
+            dead_letter_exchange: config.dead_letter_exchange.is_some(),
+            payload: shape.payload,
+        },
+        poll_interval: config.poll_interval,
+        metrics: metrics.clone(),
+        shutdown: workers_stop.clone(),
+        wake: wake_rx,
+        published_total: published_total.clone(),
+    };
+    let mut workers = tokio::task::JoinSet::new();
+    for worker in 0..config.workers {
+        workers.spawn(run_worker(context.clone(), worker));
+    }
+
+    let background_stop = CancellationToken::new();
+    let listener = config.listen.then(|| {
+        tokio::spawn(crate::listener::run_listener(
+            config.db.database_url.clone(),
+            notify_channel(&config.db.table),
+            wake_tx.clone(),
+            background_stop.clone(),
+        ))
+    });
+    let reporter = tokio::spawn(run_reporter(ReporterContext {
+        database_url: config.db.database_url.clone(),
+        reports_table: config.db.table.reports_table(),
+        statements,
+        relay: config.db.relay_name.clone(),
+        pod: config.pod_name.clone(),
+        interval: config.report_interval,
+        retention: config.processed_retention,
+        metrics: metrics.clone(),
+        published_total,
+        shutdown: background_stop.clone(),
+    }));
+    info!(
+        table = %config.db.table.name,
+        exchange = %config.exchange,
+        workers = config.workers,
+        batch_size = config.batch_size,
+        mode = config.db.table.mode.as_str(),
+        "relaying"
+    );
+
+    shutdown.cancelled().await;
+    info!(grace = ?config.shutdown_grace, "shutting down: no new claims; finishing the batches in flight");
+    let drained = tokio::time::timeout(config.shutdown_grace, async {
+        while workers.join_next().await.is_some() {}
+    })
+    .await;
+    background_stop.cancel();
+    let _ = reporter.await;
+    if let Some(listener) = listener {
+        let _ = listener.await;
+    }
+    http_stop.cancel();
+    let _ = http.await;
+    drop(wake_tx);
+    match drained {
+        Ok(()) => {
+            info!("all batches settled; bye");
+            Ok(())
+        }
+        Err(_) => {
+            error!("grace period ran out");
+            workers.abort_all();
+            Err(RunError::GraceExpired(config.shutdown_grace))
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! The per-process reporter: every report interval it upserts this pod's row in the report
+//! table; the pod holding the relay's advisory lock also measures the backlog (and, when a
+//! retention is set, purges old processed rows), so one count runs per relay, not one per pod.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::ident::TableName;
+use crate::metrics::Metrics;
+use crate::reports::{
+    Backlog, DEFAULT_BACKLOG_CAP, Report, measure_backlog, measurer_lock_key, upsert_report,
+};
+use crate::secret_url::SecretUrl;
+use crate::sql::Statements;
+
+pub struct ReporterContext {
+    pub database_url: SecretUrl,
+    pub reports_table: TableName,
+    pub statements: Arc<Statements>,
+    pub relay: String,
+    pub pod: String,
+    pub interval: Duration,
+    pub retention: Option<Duration>,
+    pub metrics: Metrics,
+    pub published_total: Arc<AtomicU64>,
+    pub shutdown: CancellationToken,
+}
+
+/// Rows deleted per retention pass; small enough to keep each DELETE short.
+const PURGE_CHUNK: i64 = 5_000;
+
+struct Session {
+    conn: PgConnection,
+    measurer: bool,
+}
+
+pub async fn run_reporter(ctx: ReporterContext) {
+    let mut session: Option<Session> = None;
+    let mut last_total = ctx.published_total.load(Ordering::Relaxed);
+    let mut last_at = Instant::now();
+    let mut ticker = tokio::time::interval(ctx.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = ctx.shutdown.cancelled() => break,
+        }
+        let total = ctx.published_total.load(Ordering::Relaxed);
+        let elapsed = last_at.elapsed().as_secs_f64().max(1e-3);
+        let rate = (total - last_total) as f64 / elapsed;
+        ctx.metrics.publish_rate.set(rate);
+        (last_total, last_at) = (total, Instant::now());
+
+        if session.is_none() {
+            match PgConnection::connect(ctx.database_url.expose()).await {
+                Ok(conn) => {
+                    session = Some(Session {
+                        conn,
+                        measurer: false,
+                    })
+                }
+                Err(e) => {
+                    warn!(error = %e, "reporter cannot reach PostgreSQL; skipping this report");
+                    continue;
+                }
+            }
+        }
+        let current = session.as_mut().expect("connected above");
+        if let Err(e) = report_once(&ctx, current, total, rate).await {
+            warn!(error = %e, "writing the lag report failed (has `outbox-relay migrate` run?)");
+            session = None;
+        }
+    }
+    // A stopping pod removes its row so its rate no longer counts.
+    if let Some(mut s) = session {
+        let sql = format!(
+            "DELETE FROM {} WHERE relay = $1 AND pod = $2",
+            ctx.reports_table.quoted()
+        );
+        let _ = sqlx::query(AssertSqlSafe(sql))
+            .bind(&ctx.relay)
+            .bind(&ctx.pod)
+            .execute(&mut s.conn)
+            .await;
+        let _ = s.conn.close().await;
+    }
+}
+
+async fn report_once(
+    ctx: &ReporterContext,
+    session: &mut Session,
+    total: u64,
+    rate: f64,
+) -> Result<(), sqlx::Error> {
+    if !session.measurer {
+        // Session-level lock: held until this connection closes, so the measurer is stable.
+        session.measurer =
+            sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+                .bind(measurer_lock_key(&ctx.relay))
+                .fetch_one(&mut session.conn)
+                .await?;
+        if session.measurer {
+            info!(relay = %ctx.relay, "this process measures the backlog for the relay");
+        }
+    }
+    let backlog: Option<Backlog> = if session.measurer {
+        let backlog =
+            measure_backlog(&mut session.conn, &ctx.statements, DEFAULT_BACKLOG_CAP).await?;
+        ctx.metrics.backlog.set(backlog.pending);
+        ctx.metrics.backlog_capped.set(i64::from(backlog.capped));
+        ctx.metrics
+            .oldest_age_seconds
+            .set(backlog.oldest_age_seconds.unwrap_or(0.0));
+        if let Some(retention) = ctx.retention {
+            let purged = sqlx::query(AssertSqlSafe(ctx.statements.purge_processed.clone()))
+                .bind(retention.as_secs_f64())
+                .bind(PURGE_CHUNK)
+                .execute(&mut session.conn)
+                .await?
+                .rows_affected();
+            if purged > 0 {
+                debug!(purged, "deleted processed rows past the retention");
+            }
+        }
+        Some(backlog)
+    } else {
+        None
+    };
+    let report = Report {
+        relay: ctx.relay.clone(),
+        pod: ctx.pod.clone(),
+        reported_at: chrono::Utc::now(),
+        backlog,
+        published_total: i64::try_from(total).unwrap_or(i64::MAX),
+        publish_rate: rate,
+    };
+    upsert_report(&mut session.conn, &ctx.reports_table, &report).await
+}

@@ -1,0 +1,183 @@
+//! A consumer on the real RabbitMQ that records every message id it receives.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use uuid::Uuid;
+
+/// What the consumer saw: id → times received, plus headers of interest.
+#[derive(Default, Debug)]
+pub struct Received {
+    pub counts: HashMap<Uuid, u32>,
+    pub total: u64,
+    pub without_id: u64,
+    pub types: HashMap<Uuid, String>,
+}
+
+pub struct Consumer {
+    pub queue: String,
+    pub received: Arc<Mutex<Received>>,
+    connection: Connection,
+}
+
+/// Declares a durable exchange of `kind` and a queue bound to it with `binding_key`, then
+/// consumes it, recording ids.
+pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> Consumer {
+    let connection = Connection::connect(&crate::amqp_url(), ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ must run on 127.0.0.1:5672 (make services)");
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .exchange_declare(
+            exchange.into(),
+            kind,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let queue = format!("{exchange}_q");
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.into(),
+            binding_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .basic_qos(2000, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut deliveries = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let received = Arc::new(Mutex::new(Received::default()));
+    let sink = received.clone();
+    tokio::spawn(async move {
+        while let Some(Ok(delivery)) = deliveries.next().await {
+            let id = delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .and_then(|id| Uuid::parse_str(id.as_str()).ok());
+            let mut seen = sink.lock().unwrap();
+            seen.total += 1;
+            match id {
+                Some(id) => {
+                    *seen.counts.entry(id).or_default() += 1;
+                    if let Some(kind) = delivery.properties.kind() {
+                        seen.types.insert(id, kind.to_string());
+                    }
+                }
+                None => seen.without_id += 1,
+            }
+        }
+    });
+    Consumer {
+        queue,
+        received,
+        connection,
+    }
+}
+
+impl Consumer {
+    pub fn total(&self) -> u64 {
+        self.received.lock().unwrap().total
+    }
+
+    pub fn distinct(&self) -> usize {
+        self.received.lock().unwrap().counts.len()
+    }
+
+    /// Waits until at least `n` messages arrived or the timeout passes; returns the total.
+    pub async fn wait_for(&self, n: u64, timeout: Duration) -> u64 {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.total() < n && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.total()
+    }
+
+    /// Ids received more than once, with their counts.
+    pub fn duplicates(&self) -> Vec<(Uuid, u32)> {
+        self.received
+            .lock()
+            .unwrap()
+            .counts
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, n)| (*id, *n))
+            .collect()
+    }
+
+    pub fn has(&self, id: &Uuid) -> bool {
+        self.received.lock().unwrap().counts.contains_key(id)
+    }
+
+    pub async fn close(self) {
+        if let Ok(channel) = self.connection.create_channel().await {
+            let _ = channel
+                .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        let _ = self.connection.close(200, "test done".into()).await;
+    }
+}
+
+/// Closes every broker connection whose client-provided name contains `needle` (the relay
+/// names its connections `outbox-relay <relay> <pod>`), like an operator cutting them.
+pub fn close_connections_named(needle: &str) -> usize {
+    let output = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "pid", "client_properties"])
+        .output()
+        .expect("rabbitmqctl must be installed");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut closed = 0;
+    for line in text.lines().filter(|l| l.contains(needle)) {
+        let Some(pid) = line.split_whitespace().next() else {
+            continue;
+        };
+        let status = std::process::Command::new("rabbitmqctl")
+            .args(["-q", "close_connection", pid, "test cuts the connection"])
+            .status()
+            .expect("rabbitmqctl close_connection");
+        if status.success() {
+            closed += 1;
+        }
+    }
+    closed
+}

@@ -1,0 +1,81 @@
+//! A test's own outbox table on the real PostgreSQL.
+
+use outbox_relay::ident::TableName;
+use outbox_relay::table::OutboxTable;
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
+
+pub async fn connect() -> PgConnection {
+    PgConnection::connect(&crate::database_url())
+        .await
+        .expect("PostgreSQL must run on 127.0.0.1:5432 (make services)")
+}
+
+/// Runs one statement (or several, simple protocol) and panics with the SQL on failure.
+pub async fn exec(conn: &mut PgConnection, sql: &str) {
+    sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
+        .execute(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+pub async fn scalar_i64(conn: &mut PgConnection, sql: &str) -> i64 {
+    sqlx::query_scalar(AssertSqlSafe(sql.to_string()))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Creates a reference-shaped table (with the given mapping) and loads `rows` rows.
+pub async fn seeded_table(table: &OutboxTable, rows: u64) -> PgConnection {
+    let mut conn = connect().await;
+    outbox_relay::seed::create_table(&mut conn, table)
+        .await
+        .expect("create table");
+    if rows > 0 {
+        outbox_relay::seed::copy_rows(&mut conn, table, rows, 50, |_| {})
+            .await
+            .expect("seed rows");
+    }
+    conn
+}
+
+pub fn table(name: &str) -> OutboxTable {
+    OutboxTable::new(TableName::parse(name).expect("valid test table name"))
+}
+
+/// Pending rows (processed-at NULL).
+pub async fn pending(conn: &mut PgConnection, table: &OutboxTable) -> i64 {
+    scalar_i64(
+        conn,
+        &format!(
+            "SELECT count(*) FROM {} WHERE {} IS NULL",
+            table.name.quoted(),
+            table.columns.processed_at.quoted()
+        ),
+    )
+    .await
+}
+
+/// Ids of rows that are marked processed.
+pub async fn processed_ids(conn: &mut PgConnection, table: &OutboxTable) -> Vec<uuid::Uuid> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT {} FROM {} WHERE {} IS NOT NULL",
+        table.columns.id.quoted(),
+        table.name.quoted(),
+        table.columns.processed_at.quoted()
+    )))
+    .fetch_all(conn)
+    .await
+    .expect("processed ids")
+}
+
+pub async fn all_ids(conn: &mut PgConnection, table: &OutboxTable) -> Vec<uuid::Uuid> {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT {} FROM {}",
+        table.columns.id.quoted(),
+        table.name.quoted()
+    )))
+    .fetch_all(conn)
+    .await
+    .expect("ids")
+}

@@ -1,0 +1,121 @@
+//! Real `outbox-relay` processes, started, killed and stopped like a kubelet would.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+/// The workspace's `target/<profile>` folder, found from the test executable
+/// (`target/<profile>/deps/<test>`), so the binary built alongside the tests is used.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("tests run from target/<profile>/deps")
+        .to_path_buf()
+}
+
+pub fn binary(name: &str) -> PathBuf {
+    let path = target_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace first (cargo build --workspace --all-targets)",
+        path.display()
+    );
+    path
+}
+
+/// Where a process's stderr goes, so a failing test can show the relay's own words.
+pub fn log_path(name: &str) -> PathBuf {
+    let dir = target_dir().join("test-logs");
+    std::fs::create_dir_all(&dir).expect("log dir");
+    dir.join(format!("{name}.log"))
+}
+
+pub struct RelayProcess {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+/// Runs `outbox-relay <args>` with the test's database and broker URLs in the environment.
+pub fn spawn_relay(name: &str, args: &[&str]) -> RelayProcess {
+    let log = log_path(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .expect("open log");
+    let child = Command::new(binary("outbox-relay"))
+        .args(args)
+        .env("DATABASE_URL", crate::database_url())
+        .env("AMQP_URL", crate::amqp_url())
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(file))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn outbox-relay");
+    RelayProcess { child, log }
+}
+
+/// Runs `outbox-relay <args>` to completion and returns (exit code, stdout, stderr).
+pub async fn run_relay_command(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(binary("outbox-relay"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run outbox-relay");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+impl RelayProcess {
+    pub fn pid(&self) -> i32 {
+        self.child.id().expect("process still running") as i32
+    }
+
+    /// SIGKILL: no chance to finish the batch in flight.
+    pub async fn kill9(&mut self) {
+        unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        let _ = self.child.wait().await;
+    }
+
+    /// SIGTERM and wait for the exit code.
+    pub async fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(Ok(status)) => status.code(),
+            _ => None,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Polls `check` every 100 ms until it returns true or the timeout passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
