@@ -570,6 +570,39 @@ def relay_example():
     attempt("config/relay.example.yaml: shows every key the relay accepts", documented)
 
 
+def docs_fields(crd_path):
+    """docs/user-guide.md names every field of the CRD's spec (a new field fails here until it is
+    documented). Kubernetes' own types inside the spec (resources, affinity, ...) are not walked."""
+    doc = load(crd_path)[0]
+    version = doc["spec"]["versions"][0]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    opaque = {"resources", "affinity", "tolerations", "imagePullSecrets"}
+    fields = []
+
+    def walk(schema, path):
+        props = schema.get("properties") or (schema.get("items") or {}).get("properties") or {}
+        for name, sub in props.items():
+            fields.append(path + [name])
+            if name not in opaque:
+                walk(sub, path + [name])
+
+    walk(spec, [])
+    text = open(os.path.join(ROOT, "docs/user-guide.md")).read()
+    spans = re.findall(r"`([^`]+)`", text)
+
+    def named(field):
+        name = field[-1]
+        return any(re.search(r"(^|[.\s{])" + re.escape(name) + r"($|[.\s:}])", s) for s in spans)
+
+    def ok():
+        if not fields:
+            return "the CRD has no spec properties"
+        missing = [".".join(f) for f in fields if not named(f)]
+        return not missing or f"spec fields not in docs/user-guide.md: {missing}"
+
+    attempt(f"docs/user-guide.md names all {len(fields)} spec fields of the CRD", ok)
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "split":
@@ -586,6 +619,8 @@ if __name__ == "__main__":
         samples(args[0])
     elif cmd == "dashboard":
         dashboard_files()
+    elif cmd == "docs-fields":
+        docs_fields(args[0])
     elif cmd == "relay-example":
         relay_example()
     else:
@@ -647,6 +682,7 @@ if [ -f "$CRD" ]; then
     check "config/crd/outboxrelays.yaml is a copy of crds/outboxrelays.yaml (run \`make crds\` and copy it)" \
         cmp "$CRD" "$ROOT/config/crd/outboxrelays.yaml"
     validate "crds/outboxrelays.yaml" "$CRD"
+    pycheck docs-fields "$CRD"
 else
     fail "crds/outboxrelays.yaml exists" "crds/outboxrelays.yaml is missing: it is generated from the operator's Rust types with \`make crds\`.
 The chart (charts/outbox-relay-operator/crds/) and config/crd/ carry copies of it, so their checks cannot run either."
