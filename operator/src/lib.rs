@@ -1,1 +1,28 @@
+//! The outbox relay operator: the `OutboxRelay` custom resource, its reconciler and the
+//! process around it (metrics, health, leader election).
+//!
+//! One module per concern: the resource ([`crd`], [`crdgen`]), the reconcile steps
+//! ([`secrets`], [`validation`], [`migration`], [`replicas`], [`deployment`], [`status`]), their
+//! composition ([`controller`]), and the process ([`metrics`], [`telemetry`], [`leader`],
+//! [`server`]).
 
+pub mod conditions;
+pub mod controller;
+pub mod crd;
+pub mod crdgen;
+pub mod deployment;
+pub mod error;
+pub mod events;
+pub mod metrics;
+pub mod migration;
+pub mod replicas;
+pub mod secrets;
+pub mod status;
+pub mod validation;
+
+pub use controller::{Context, Settings, error_policy, reconcile};
+pub use crd::{OutboxRelay, OutboxRelaySpec, OutboxRelayStatus};
+pub use error::Error;
+
+#[cfg(test)]
+mod test_support;

@@ -1,0 +1,663 @@
+//! The `OutboxRelay` custom resource: one relay Deployment per outbox table.
+//!
+//! Field docs become the CRD's descriptions, so `kubectl explain outboxrelay.spec.scaling`
+//! reads like a manual. Defaults live in `#[serde(default = ...)]` so that they show up in the
+//! schema (the API server fills them in) and in Rust (tests and old objects get the same values).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of every resource this operator defines.
+pub const GROUP: &str = "outboxrelay.io";
+
+/// `[A-Za-z_][A-Za-z0-9_]{0,62}`: the identifier pattern the relay crate enforces, repeated in
+/// the schema so a typo is refused by `kubectl apply` instead of at reconcile time.
+pub const IDENT_PATTERN: &str = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$";
+/// A table name, optionally schema-qualified.
+pub const TABLE_PATTERN: &str = r"^([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,62}$";
+/// Durations as Go and Kubernetes users write them: `200ms`, `10s`, `5m`, `168h`, `1h30m`.
+pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
+
+/// Desired state of an outbox relay: where the outbox table is, where messages go, how the
+/// relay pods run and how many of them there are.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "outboxrelay.io",
+    version = "v1alpha1",
+    kind = "OutboxRelay",
+    plural = "outboxrelays",
+    shortname = "obr",
+    namespaced,
+    status = "OutboxRelayStatus",
+    derive = "PartialEq",
+    doc = "Relays the rows of one transactional-outbox table from PostgreSQL to RabbitMQ, with a Deployment of relay workers the operator creates, migrates the table for, and scales on backlog.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas"),
+    printcolumn(name = "Backlog", type_ = "integer", json_path = ".status.backlog"),
+    printcolumn(
+        name = "Oldest",
+        type_ = "number",
+        json_path = ".status.oldestAgeSeconds",
+        description = "Age in seconds of the oldest pending row"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxRelaySpec {
+    /// Relay pods to run when `scaling` is absent (manual mode). `kubectl scale obr/NAME
+    /// --replicas=N` writes this field through the scale subresource. Ignored while `scaling`
+    /// is set.
+    #[serde(default = "defaults::replicas")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+    /// The PostgreSQL database and the outbox table in it.
+    pub database: DatabaseSpec,
+    /// The RabbitMQ broker messages are published to.
+    pub broker: BrokerSpec,
+    /// How each relay pod runs.
+    #[serde(default)]
+    pub relay: RelaySpec,
+    /// Autoscaling on the backlog of pending rows. Absent: the relay runs `replicas` pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<ScalingSpec>,
+}
+
+/// A key in a Secret of the relay's namespace. The value is handed to the relay pods as an
+/// environment variable reference; the operator never copies it anywhere.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret, in the namespace of the OutboxRelay.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key inside the Secret whose value is the connection URL.
+    #[serde(default = "defaults::secret_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// The outbox table and the database that holds it.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseSpec {
+    /// Secret key holding the PostgreSQL URL (postgres://user:password@host:5432/db). Never
+    /// give the URL by value.
+    pub url_secret_ref: SecretKeyRef,
+    /// The outbox table, optionally schema-qualified (`schema.table`).
+    #[serde(default = "defaults::table")]
+    #[schemars(regex(pattern = r"^([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub table: String,
+    /// Column names of the outbox table; every one defaults to the reference table's name.
+    #[serde(default)]
+    pub columns: ColumnsSpec,
+    /// Build the reference article's covering index `(occurred, processed) INCLUDE (id, type,
+    /// payload)` instead of the default `(occurred) INCLUDE (id)`. Unsafe for payloads above
+    /// about 2.7 kB: PostgreSQL limits a B-tree entry to 2704 bytes, and every INSERT of a
+    /// larger row then fails. Off by default.
+    #[serde(default)]
+    pub covering_index: bool,
+    /// Install a statement-level trigger that NOTIFYs idle relays when rows are inserted, for
+    /// lower latency than polling.
+    #[serde(default)]
+    pub notify_trigger: bool,
+}
+
+/// The column mapping of the outbox table.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ColumnsSpec {
+    /// uuid primary key; becomes the AMQP message_id so consumers can deduplicate.
+    #[serde(default = "defaults::id_column")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub id: String,
+    /// Message type (text or varchar); the AMQP type property and the default routing key.
+    #[serde(rename = "type", default = "defaults::type_column")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub kind: String,
+    /// Message body (jsonb, json, text or bytea), sent as is.
+    #[serde(default = "defaults::payload_column")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub payload: String,
+    /// When the row was written (timestamptz); rows are claimed in this order.
+    #[serde(default = "defaults::occurred_at_column")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub occurred_at: String,
+    /// Set when the row was relayed (timestamptz, nullable); NULL means pending.
+    #[serde(default = "defaults::processed_at_column")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub processed_at: String,
+    /// Receives the last failure text (text, nullable).
+    #[serde(default = "defaults::error_column")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub error: String,
+    /// Optional per-row routing key (text); rows where it is NULL use the type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub routing_key: Option<String>,
+    /// Optional jsonb column with AMQP headers (a JSON object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub headers: Option<String>,
+    /// Optional integer column counting broker rejections; without it a rejected message is
+    /// dead-lettered at its first rejection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub attempts: Option<String>,
+}
+
+impl Default for ColumnsSpec {
+    fn default() -> Self {
+        Self {
+            id: defaults::id_column(),
+            kind: defaults::type_column(),
+            payload: defaults::payload_column(),
+            occurred_at: defaults::occurred_at_column(),
+            processed_at: defaults::processed_at_column(),
+            error: defaults::error_column(),
+            routing_key: None,
+            headers: None,
+            attempts: None,
+        }
+    }
+}
+
+/// Where and how messages are published.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerSpec {
+    /// Secret key holding the AMQP URL (amqp://user:password@host:5672/%2f). Never give the URL
+    /// by value.
+    pub url_secret_ref: SecretKeyRef,
+    /// Exchange to publish to; "" is the default exchange.
+    #[serde(default = "defaults::exchange")]
+    #[schemars(length(max = 255))]
+    pub exchange: String,
+    /// One static routing key for every message. Absent: the routing-key column when it is
+    /// mapped, else the row's type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub routing_key: Option<String>,
+    /// Wait for broker confirms before marking rows. Turning this off is allowed but UNSAFE:
+    /// rows are marked even when the broker lost the message.
+    #[serde(default = "defaults::yes")]
+    pub publisher_confirms: bool,
+    /// Publish with the mandatory flag, so unroutable messages come back as failures (and spend
+    /// an attempt) instead of being dropped by the broker.
+    #[serde(default)]
+    pub mandatory: bool,
+    /// Exchange that receives messages dead-lettered after maxAttempts rejections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 255))]
+    pub dead_letter_exchange: Option<String>,
+}
+
+/// What happens to a row once the broker confirmed it.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryMode {
+    /// Set the processed-at column; rows stay for audit (see processedRetention).
+    #[default]
+    Mark,
+    /// Delete the row; faster, since no dead rows pile up at the head of the pending index.
+    Delete,
+}
+
+/// Log output of the relay pods.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    #[default]
+    Json,
+}
+
+/// When the kubelet pulls the relay image.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ImagePullPolicy {
+    Always,
+    #[default]
+    IfNotPresent,
+    Never,
+}
+
+impl ImagePullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "Always",
+            Self::IfNotPresent => "IfNotPresent",
+            Self::Never => "Never",
+        }
+    }
+}
+
+/// How each relay pod runs.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RelaySpec {
+    /// Relay image. Absent: the operator's own image, so operator and relay never skew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+    /// When the kubelet pulls the image.
+    #[serde(default)]
+    pub image_pull_policy: ImagePullPolicy,
+    /// Rows claimed, published and marked per transaction.
+    #[serde(default = "defaults::batch_size")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub batch_size: i32,
+    /// Concurrent claimers per pod, each with its own database connection and AMQP channel.
+    #[serde(default = "defaults::workers_per_pod")]
+    #[schemars(range(min = 1, max = 64))]
+    pub workers_per_pod: i32,
+    /// mark (set processed-at) or delete (remove the row) after the broker confirmed it.
+    #[serde(default)]
+    pub delivery_mode: DeliveryMode,
+    /// Broker rejections before a message is dead-lettered, so one bad message never blocks
+    /// the rest.
+    #[serde(default = "defaults::max_attempts")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_attempts: i32,
+    /// Longest wait for the confirms of one batch.
+    #[serde(default = "defaults::publish_timeout")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub publish_timeout: String,
+    /// Pause between claims while the table is empty.
+    #[serde(default = "defaults::poll_interval")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub poll_interval: String,
+    /// How often each pod writes its lag report (publish rate; backlog from one pod).
+    #[serde(default = "defaults::report_interval")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub report_interval: String,
+    /// In mark mode, processed rows older than this are deleted by the relay (e.g. 168h).
+    /// Absent: processed rows are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub processed_retention: Option<String>,
+    /// Log format of the relay pods.
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// Seconds a pod gets after SIGTERM to finish its batch in flight and commit.
+    #[serde(default = "defaults::termination_grace_period_seconds")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub termination_grace_period_seconds: i64,
+    /// CPU and memory requests and limits of the relay container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Extra annotations on the relay pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_annotations: BTreeMap<String, String>,
+    /// Extra labels on the relay pods (the operator's own labels win on conflict).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_labels: BTreeMap<String, String>,
+    /// Node selector of the relay pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the relay pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Affinity of the relay pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Service account of the relay pods. The relay never calls the Kubernetes API, so its
+    /// token is not mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// Secrets for pulling the relay image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Priority class of the relay pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+impl Default for RelaySpec {
+    fn default() -> Self {
+        Self {
+            image: None,
+            image_pull_policy: ImagePullPolicy::default(),
+            batch_size: defaults::batch_size(),
+            workers_per_pod: defaults::workers_per_pod(),
+            delivery_mode: DeliveryMode::default(),
+            max_attempts: defaults::max_attempts(),
+            publish_timeout: defaults::publish_timeout(),
+            poll_interval: defaults::poll_interval(),
+            report_interval: defaults::report_interval(),
+            processed_retention: None,
+            log_format: LogFormat::default(),
+            termination_grace_period_seconds: defaults::termination_grace_period_seconds(),
+            resources: None,
+            pod_annotations: BTreeMap::new(),
+            pod_labels: BTreeMap::new(),
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            affinity: None,
+            service_account_name: None,
+            image_pull_secrets: Vec::new(),
+            priority_class_name: None,
+        }
+    }
+}
+
+/// Autoscaling on the backlog the relay pods report, with the semantics of the HPA and KEDA:
+/// desired = ceil(backlog / targetBacklogPerReplica), clamped to [minReplicas, maxReplicas].
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not be greater than maxReplicas"),
+    validation = Rule::new("!has(self.fallback) || self.fallback.replicas <= self.maxReplicas").message("fallback.replicas must not be greater than maxReplicas")
+)]
+pub struct ScalingSpec {
+    /// Fewest pods; 0 allows scaling to zero when the table stays empty for cooldownPeriod.
+    #[serde(default = "defaults::min_replicas")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub min_replicas: i32,
+    /// Most pods.
+    #[serde(default = "defaults::max_replicas")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_replicas: i32,
+    /// Pending rows one pod is expected to handle.
+    #[serde(default = "defaults::target_backlog_per_replica")]
+    #[schemars(range(min = 1))]
+    pub target_backlog_per_replica: i64,
+    /// Throughput-aware target: size the relay so the backlog drains within this many seconds
+    /// at the measured publish rate per pod. Absent: targetBacklogPerReplica alone decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub target_drain_seconds: Option<i64>,
+    /// From zero pods, start one only when the backlog exceeds this many rows.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub activation_backlog: i64,
+    /// How often the operator re-evaluates the replicas.
+    #[serde(default = "defaults::polling_interval")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub polling_interval: String,
+    /// From one pod, go to zero only after this long with no backlog.
+    #[serde(default = "defaults::cooldown_period")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub cooldown_period: String,
+    /// Relative change below which the replicas stay as they are (0.1 = 10 %).
+    #[serde(default = "defaults::tolerance")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub tolerance: f64,
+    /// How fast to scale up.
+    #[serde(default = "ScalingRules::default_up")]
+    pub scale_up: ScalingRules,
+    /// How fast to scale down.
+    #[serde(default = "ScalingRules::default_down")]
+    pub scale_down: ScalingRules,
+    /// What to run when the pods' reports are stale or missing: never a silent scale to zero.
+    #[serde(default)]
+    pub fallback: FallbackSpec,
+    /// Freeze the replicas where they are.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// Scaling behaviour in one direction, as in the HPA's `behavior`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingRules {
+    /// The highest (down) or lowest (up) recommendation over this window is used, so a short
+    /// dip does not remove pods that are needed again a moment later.
+    #[schemars(range(min = 0, max = 3600))]
+    pub stabilization_window_seconds: i32,
+    /// Which policy wins when several allow different changes.
+    #[serde(default)]
+    pub select_policy: SelectPolicy,
+    /// Limits on the change per period.
+    #[serde(default)]
+    pub policies: Vec<ScalingPolicy>,
+}
+
+impl ScalingRules {
+    /// HPA default: double or add four pods per 15 s, whichever is more, with no window.
+    pub fn default_up() -> Self {
+        Self {
+            stabilization_window_seconds: 0,
+            select_policy: SelectPolicy::Max,
+            policies: vec![
+                ScalingPolicy::new(PolicyType::Percent, 100, 15),
+                ScalingPolicy::new(PolicyType::Pods, 4, 15),
+            ],
+        }
+    }
+
+    /// HPA default: down to the highest recommendation of the last 300 s.
+    pub fn default_down() -> Self {
+        Self {
+            stabilization_window_seconds: 300,
+            select_policy: SelectPolicy::Max,
+            policies: vec![ScalingPolicy::new(PolicyType::Percent, 100, 15)],
+        }
+    }
+}
+
+/// Which policy applies when several are given.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SelectPolicy {
+    /// The policy allowing the largest change.
+    #[default]
+    Max,
+    /// The policy allowing the smallest change.
+    Min,
+    /// No change in this direction.
+    Disabled,
+}
+
+/// How a policy's value is counted.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyType {
+    /// A number of pods.
+    Pods,
+    /// A percentage of the current pods.
+    Percent,
+}
+
+/// At most `value` pods (or percent) of change per `periodSeconds`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingPolicy {
+    #[serde(rename = "type")]
+    pub kind: PolicyType,
+    #[schemars(range(min = 1))]
+    pub value: i32,
+    #[schemars(range(min = 1, max = 1800))]
+    pub period_seconds: i32,
+}
+
+impl ScalingPolicy {
+    pub fn new(kind: PolicyType, value: i32, period_seconds: i32) -> Self {
+        Self {
+            kind,
+            value,
+            period_seconds,
+        }
+    }
+}
+
+/// Replicas to run while the reports cannot be trusted.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct FallbackSpec {
+    /// Pods to run while reports are stale or missing; at least 1, so a relay is never
+    /// silently stopped.
+    #[serde(default = "defaults::fallback_replicas")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub replicas: i32,
+    /// Reports older than this count as stale.
+    #[serde(default = "defaults::stale_after")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub stale_after: String,
+}
+
+impl Default for FallbackSpec {
+    fn default() -> Self {
+        Self {
+            replicas: defaults::fallback_replicas(),
+            stale_after: defaults::stale_after(),
+        }
+    }
+}
+
+impl Default for ScalingSpec {
+    fn default() -> Self {
+        Self {
+            min_replicas: defaults::min_replicas(),
+            max_replicas: defaults::max_replicas(),
+            target_backlog_per_replica: defaults::target_backlog_per_replica(),
+            target_drain_seconds: None,
+            activation_backlog: 0,
+            polling_interval: defaults::polling_interval(),
+            cooldown_period: defaults::cooldown_period(),
+            tolerance: defaults::tolerance(),
+            scale_up: ScalingRules::default_up(),
+            scale_down: ScalingRules::default_down(),
+            fallback: FallbackSpec::default(),
+            paused: false,
+        }
+    }
+}
+
+/// Observed state of an outbox relay.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboxRelayStatus {
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Relay pods that exist (from the Deployment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Relay pods that are ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Pods the operator asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_replicas: Option<i32>,
+    /// Pending rows, as last measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<i64>,
+    /// True when the count stopped at its cap: there are at least `backlog` rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog_capped: Option<bool>,
+    /// Age in seconds of the oldest pending row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_age_seconds: Option<f64>,
+    /// Messages per second published by all pods together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_rate: Option<f64>,
+    /// When the operator last changed the replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// Label selector of the relay pods, for the scale subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Ready, IndexReady, ScalingActive, ScalingLimited and Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Default values, one function each because serde and the schema need functions.
+pub mod defaults {
+    pub fn replicas() -> i32 {
+        1
+    }
+    pub fn secret_key() -> String {
+        "url".into()
+    }
+    pub fn table() -> String {
+        "outbox_messages".into()
+    }
+    pub fn id_column() -> String {
+        "id".into()
+    }
+    pub fn type_column() -> String {
+        "type".into()
+    }
+    pub fn payload_column() -> String {
+        "content".into()
+    }
+    pub fn occurred_at_column() -> String {
+        "occurred_on_utc".into()
+    }
+    pub fn processed_at_column() -> String {
+        "processed_on_utc".into()
+    }
+    pub fn error_column() -> String {
+        "error".into()
+    }
+    pub fn exchange() -> String {
+        "outbox".into()
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn batch_size() -> i32 {
+        500
+    }
+    pub fn workers_per_pod() -> i32 {
+        2
+    }
+    pub fn max_attempts() -> i32 {
+        5
+    }
+    pub fn publish_timeout() -> String {
+        "10s".into()
+    }
+    pub fn poll_interval() -> String {
+        "200ms".into()
+    }
+    pub fn report_interval() -> String {
+        "5s".into()
+    }
+    pub fn termination_grace_period_seconds() -> i64 {
+        30
+    }
+    pub fn min_replicas() -> i32 {
+        1
+    }
+    pub fn max_replicas() -> i32 {
+        10
+    }
+    pub fn target_backlog_per_replica() -> i64 {
+        10_000
+    }
+    pub fn polling_interval() -> String {
+        "15s".into()
+    }
+    pub fn cooldown_period() -> String {
+        "300s".into()
+    }
+    pub fn tolerance() -> f64 {
+        0.1
+    }
+    pub fn fallback_replicas() -> i32 {
+        1
+    }
+    pub fn stale_after() -> String {
+        "60s".into()
+    }
+}

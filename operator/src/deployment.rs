@@ -1,0 +1,366 @@
+//! Step 4 of the reconcile: the relay Deployment, as a pure function of the OutboxRelay, its
+//! validated plan and the replicas decided. No I/O here, so every field is unit-tested.
+//!
+//! Secrets reach the pods only as `valueFrom.secretKeyRef`; the builder receives Secret
+//! *versions* (to roll the pods when a Secret changes), never their values.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    SecretKeySelector, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+
+use crate::crd::{DeliveryMode, LogFormat, OutboxRelay, SecretKeyRef};
+use crate::validation::RelayPlan;
+
+/// Where the relay binary lives in the shared image.
+pub const RELAY_BINARY: &str = "/usr/local/bin/outbox-relay";
+/// The relay serves /metrics, /healthz and /readyz here.
+pub const METRICS_PORT: i32 = 9090;
+pub const METRICS_PORT_NAME: &str = "metrics";
+pub const CONTAINER_NAME: &str = "relay";
+/// Hash of the desired Deployment; equal hashes mean nothing to apply.
+pub const SPEC_HASH_ANNOTATION: &str = "outboxrelay.io/spec-hash";
+/// Versions of the referenced Secrets; a change rolls the pods so they read the new values.
+pub const SECRET_VERSIONS_ANNOTATION: &str = "outboxrelay.io/secret-versions";
+/// The field manager of everything the operator applies.
+pub const FIELD_MANAGER: &str = "outbox-operator";
+/// A non-root user that exists in distroless-style images; set explicitly so `runAsNonRoot`
+/// holds even for an image whose USER is root.
+const NON_ROOT_UID: i64 = 65532;
+
+/// What the builder needs from the operator's own configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildSettings {
+    /// Relay image used when the spec names none: the operator's own image.
+    pub default_image: String,
+}
+
+impl Default for BuildSettings {
+    fn default() -> Self {
+        Self {
+            default_image: format!(
+                "ghcr.io/outbox-relay/outbox-relay:{}",
+                env!("CARGO_PKG_VERSION")
+            ),
+        }
+    }
+}
+
+/// The labels that select a relay's pods. Never change them: a Deployment's selector is
+/// immutable.
+pub fn selector_labels(relay: &OutboxRelay) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            "outbox-relay".to_string(),
+        ),
+        ("app.kubernetes.io/instance".to_string(), relay.name_any()),
+    ])
+}
+
+/// The Kubernetes recommended labels of everything the operator creates for a relay.
+pub fn recommended_labels(relay: &OutboxRelay) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(relay);
+    labels.insert("app.kubernetes.io/component".into(), "relay".into());
+    labels.insert("app.kubernetes.io/part-of".into(), "outbox-relay".into());
+    labels.insert("app.kubernetes.io/managed-by".into(), FIELD_MANAGER.into());
+    labels
+}
+
+/// `key=value,key=value` form of the selector, for `status.selector` and the scale subresource.
+pub fn selector_string(relay: &OutboxRelay) -> String {
+    selector_labels(relay)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The relay name in lag reports and advisory locks: `<namespace>/<name>`.
+pub fn report_name(relay: &OutboxRelay) -> String {
+    format!(
+        "{}/{}",
+        relay.namespace().unwrap_or_default(),
+        relay.name_any()
+    )
+}
+
+/// The Deployment for `relay`, with the spec hash annotation set.
+pub fn build_deployment(
+    relay: &OutboxRelay,
+    plan: &RelayPlan,
+    secret_versions: &str,
+    replicas: i32,
+    settings: &BuildSettings,
+) -> Deployment {
+    let spec = &relay.spec.relay;
+    let labels = recommended_labels(relay);
+
+    let mut pod_labels = spec.pod_labels.clone();
+    // Ours win: a user label must not break the selector.
+    pod_labels.extend(labels.clone());
+
+    let mut pod_annotations = spec.pod_annotations.clone();
+    pod_annotations.extend([
+        ("prometheus.io/scrape".to_string(), "true".to_string()),
+        ("prometheus.io/port".to_string(), METRICS_PORT.to_string()),
+        ("prometheus.io/path".to_string(), "/metrics".to_string()),
+        (
+            SECRET_VERSIONS_ANNOTATION.to_string(),
+            secret_versions.to_string(),
+        ),
+    ]);
+
+    let container = Container {
+        name: CONTAINER_NAME.into(),
+        image: Some(
+            spec.image
+                .clone()
+                .unwrap_or_else(|| settings.default_image.clone()),
+        ),
+        image_pull_policy: Some(spec.image_pull_policy.as_str().into()),
+        command: Some(vec![RELAY_BINARY.into()]),
+        args: Some(relay_args(relay, plan)),
+        env: Some(vec![
+            secret_env("DATABASE_URL", &relay.spec.database.url_secret_ref),
+            secret_env("AMQP_URL", &relay.spec.broker.url_secret_ref),
+            EnvVar {
+                name: "POD_NAME".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.name".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some(METRICS_PORT_NAME.into()),
+            container_port: METRICS_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        liveness_probe: Some(http_probe("/healthz", 10, 3)),
+        readiness_probe: Some(http_probe("/readyz", 5, 2)),
+        resources: spec.resources.clone(),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(NON_ROOT_UID),
+            run_as_group: Some(NON_ROOT_UID),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+
+    let pod = PodSpec {
+        containers: vec![container],
+        termination_grace_period_seconds: Some(spec.termination_grace_period_seconds),
+        // The relay never calls the Kubernetes API.
+        automount_service_account_token: Some(false),
+        service_account_name: spec.service_account_name.clone(),
+        node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+        tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+        affinity: spec.affinity.clone(),
+        image_pull_secrets: (!spec.image_pull_secrets.is_empty())
+            .then(|| spec.image_pull_secrets.clone()),
+        priority_class_name: spec.priority_class_name.clone(),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+
+    let mut deployment = Deployment {
+        metadata: ObjectMeta {
+            name: Some(relay.name_any()),
+            namespace: relay.namespace(),
+            labels: Some(labels),
+            owner_references: relay.controller_owner_ref(&()).map(|owner| vec![owner]),
+            ..Default::default()
+        },
+        spec: DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(relay)),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(pod_annotations),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        },
+        status: None,
+    };
+    let hash = content_hash(&deployment);
+    deployment.metadata.annotations =
+        Some(BTreeMap::from([(SPEC_HASH_ANNOTATION.to_string(), hash)]));
+    deployment
+}
+
+/// The `outbox-relay run` arguments, exactly the relay's flag names.
+fn relay_args(relay: &OutboxRelay, plan: &RelayPlan) -> Vec<String> {
+    let spec = &relay.spec;
+    let columns = &plan.table.columns;
+    let mut args: Vec<String> = vec!["run".into()];
+    let mut flag = |name: &str, value: String| {
+        args.push(format!("--{name}"));
+        args.push(value);
+    };
+    flag("table", plan.table.name.to_string());
+    flag("id-column", columns.id.to_string());
+    flag("type-column", columns.kind.to_string());
+    flag("payload-column", columns.payload.to_string());
+    flag("occurred-at-column", columns.occurred_at.to_string());
+    flag("processed-at-column", columns.processed_at.to_string());
+    flag("error-column", columns.error.to_string());
+    if let Some(column) = &columns.routing_key {
+        flag("routing-key-column", column.to_string());
+    }
+    if let Some(column) = &columns.headers {
+        flag("headers-column", column.to_string());
+    }
+    if let Some(column) = &columns.attempts {
+        flag("attempts-column", column.to_string());
+    }
+    flag(
+        "mode",
+        match spec.relay.delivery_mode {
+            DeliveryMode::Mark => "mark",
+            DeliveryMode::Delete => "delete",
+        }
+        .into(),
+    );
+    flag("relay-name", report_name(relay));
+    flag("exchange", spec.broker.exchange.clone());
+    if let Some(key) = &spec.broker.routing_key {
+        flag("routing-key", key.clone());
+    }
+    flag("batch-size", spec.relay.batch_size.to_string());
+    flag("workers", spec.relay.workers_per_pod.to_string());
+    flag(
+        "publisher-confirms",
+        spec.broker.publisher_confirms.to_string(),
+    );
+    flag("mandatory", spec.broker.mandatory.to_string());
+    flag("publish-timeout", spec.relay.publish_timeout.clone());
+    flag("max-attempts", spec.relay.max_attempts.to_string());
+    if let Some(dlx) = &spec.broker.dead_letter_exchange {
+        flag("dead-letter-exchange", dlx.clone());
+    }
+    flag("poll-interval", spec.relay.poll_interval.clone());
+    flag("report-interval", spec.relay.report_interval.clone());
+    flag("metrics-addr", format!("0.0.0.0:{METRICS_PORT}"));
+    flag(
+        "log-format",
+        match spec.relay.log_format {
+            LogFormat::Json => "json",
+            LogFormat::Text => "text",
+        }
+        .into(),
+    );
+    // Finish the batch in flight a little before the kubelet's SIGKILL, so a rolling restart
+    // commits instead of leaving rows to be relayed twice.
+    flag(
+        "shutdown-grace",
+        format!(
+            "{}s",
+            shutdown_grace_seconds(spec.relay.termination_grace_period_seconds)
+        ),
+    );
+    if let Some(retention) = &spec.relay.processed_retention {
+        flag("processed-retention", retention.clone());
+    }
+    args
+}
+
+/// Five seconds of margin below the termination grace period, and never below one second.
+fn shutdown_grace_seconds(termination_grace_period_seconds: i64) -> i64 {
+    (termination_grace_period_seconds - 5)
+        .max(termination_grace_period_seconds / 2)
+        .max(1)
+}
+
+fn secret_env(name: &str, reference: &SecretKeyRef) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: reference.name.clone(),
+                key: reference.key.clone(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn http_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String(METRICS_PORT_NAME.into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period_seconds),
+        failure_threshold: Some(failure_threshold),
+        timeout_seconds: Some(2),
+        ..Default::default()
+    }
+}
+
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        ..Default::default()
+    }
+}
+
+/// FNV-1a over the JSON form: stable across processes and Rust versions (unlike std's
+/// hasher), so an operator restart does not re-apply every Deployment.
+fn content_hash(deployment: &Deployment) -> String {
+    let bytes = serde_json::to_vec(deployment).expect("a Deployment always serializes");
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+/// The hash the builder stamped on a Deployment, if any.
+pub fn spec_hash(deployment: &Deployment) -> Option<&str> {
+    deployment
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(SPEC_HASH_ANNOTATION)
+        .map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests;

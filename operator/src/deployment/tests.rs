@@ -1,0 +1,383 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, ResourceRequirements, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::*;
+use crate::crd::{ImagePullPolicy, OutboxRelaySpec};
+use crate::secrets::dereference_secrets;
+use crate::test_support::{LEAK_CANARY, sample_relay, sample_spec};
+use crate::validation::validate;
+
+fn build(spec: OutboxRelaySpec, replicas: i32) -> Deployment {
+    let relay = sample_relay("orders", spec);
+    let plan = validate(&relay.spec).unwrap();
+    build_deployment(
+        &relay,
+        &plan,
+        "orders-db=7",
+        replicas,
+        &BuildSettings::default(),
+    )
+}
+
+fn container(deployment: &Deployment) -> &Container {
+    &pod(deployment).containers[0]
+}
+
+fn pod(deployment: &Deployment) -> &PodSpec {
+    deployment.spec.template.spec.as_ref().unwrap()
+}
+
+/// The value following `--name` in the container's arguments.
+fn arg<'a>(deployment: &'a Deployment, name: &str) -> Option<&'a str> {
+    let args = container(deployment).args.as_ref().unwrap();
+    args.iter()
+        .position(|a| a == &format!("--{name}"))
+        .map(|i| args[i + 1].as_str())
+}
+
+fn full_spec() -> OutboxRelaySpec {
+    let mut spec = sample_spec();
+    spec.replicas = 3;
+    spec.database.table = "sales.events".into();
+    spec.database.url_secret_ref.key = "dsn".into();
+    spec.database.columns.id = "event_id".into();
+    spec.database.columns.kind = "event_type".into();
+    spec.database.columns.payload = "body".into();
+    spec.database.columns.occurred_at = "created_at".into();
+    spec.database.columns.processed_at = "sent_at".into();
+    spec.database.columns.error = "last_error".into();
+    spec.database.columns.routing_key = Some("rk".into());
+    spec.database.columns.headers = Some("hdrs".into());
+    spec.database.columns.attempts = Some("tries".into());
+    spec.broker.exchange = "sales".into();
+    spec.broker.routing_key = Some("sales.static".into());
+    spec.broker.publisher_confirms = false;
+    spec.broker.mandatory = true;
+    spec.broker.dead_letter_exchange = Some("sales.dlx".into());
+    spec.broker.url_secret_ref.key = "amqp".into();
+    let r = &mut spec.relay;
+    r.image = Some("registry.example/relay:9.9".into());
+    r.image_pull_policy = ImagePullPolicy::Always;
+    r.batch_size = 1234;
+    r.workers_per_pod = 7;
+    r.delivery_mode = DeliveryMode::Delete;
+    r.max_attempts = 9;
+    r.publish_timeout = "3s".into();
+    r.poll_interval = "50ms".into();
+    r.report_interval = "2s".into();
+    r.processed_retention = Some("168h".into());
+    r.log_format = LogFormat::Text;
+    r.termination_grace_period_seconds = 45;
+    r.resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([(
+            "memory".into(),
+            Quantity("256Mi".into()),
+        )])),
+        requests: Some(BTreeMap::from([("cpu".into(), Quantity("250m".into()))])),
+        ..Default::default()
+    });
+    r.pod_annotations = BTreeMap::from([("team".into(), "sales".into())]);
+    r.pod_labels = BTreeMap::from([
+        ("tier".into(), "backend".into()),
+        // Must not override the selector.
+        ("app.kubernetes.io/instance".into(), "hijack".into()),
+    ]);
+    r.node_selector = BTreeMap::from([("disk".into(), "ssd".into())]);
+    r.tolerations = vec![Toleration {
+        key: Some("dedicated".into()),
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }];
+    r.affinity = Some(Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "zone".into(),
+                        operator: "In".into(),
+                        values: Some(vec!["a".into()]),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    r.service_account_name = Some("relay-sa".into());
+    r.image_pull_secrets = vec![LocalObjectReference {
+        name: "regcred".into(),
+    }];
+    r.priority_class_name = Some("high".into());
+    spec
+}
+
+#[test]
+fn every_spec_field_lands_in_the_deployment() {
+    let d = build(full_spec(), 3);
+    let c = container(&d);
+    let p = pod(&d);
+
+    assert_eq!(d.spec.replicas, Some(3));
+    assert_eq!(c.image.as_deref(), Some("registry.example/relay:9.9"));
+    assert_eq!(c.image_pull_policy.as_deref(), Some("Always"));
+    assert_eq!(c.command.as_ref().unwrap(), &vec![RELAY_BINARY.to_string()]);
+    assert_eq!(c.args.as_ref().unwrap()[0], "run");
+    let expected = [
+        ("table", "sales.events"),
+        ("id-column", "event_id"),
+        ("type-column", "event_type"),
+        ("payload-column", "body"),
+        ("occurred-at-column", "created_at"),
+        ("processed-at-column", "sent_at"),
+        ("error-column", "last_error"),
+        ("routing-key-column", "rk"),
+        ("headers-column", "hdrs"),
+        ("attempts-column", "tries"),
+        ("mode", "delete"),
+        ("relay-name", "shop/orders"),
+        ("exchange", "sales"),
+        ("routing-key", "sales.static"),
+        ("batch-size", "1234"),
+        ("workers", "7"),
+        ("publisher-confirms", "false"),
+        ("mandatory", "true"),
+        ("publish-timeout", "3s"),
+        ("max-attempts", "9"),
+        ("dead-letter-exchange", "sales.dlx"),
+        ("poll-interval", "50ms"),
+        ("report-interval", "2s"),
+        ("metrics-addr", "0.0.0.0:9090"),
+        ("log-format", "text"),
+        ("shutdown-grace", "40s"),
+        ("processed-retention", "168h"),
+    ];
+    for (name, value) in expected {
+        assert_eq!(arg(&d, name), Some(value), "--{name}");
+    }
+    // Every argument after "run" is a --flag value pair we listed.
+    assert_eq!(c.args.as_ref().unwrap().len(), 1 + 2 * expected.len());
+
+    let env = c.env.as_ref().unwrap();
+    let secret_ref = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .map(|s| (s.name.clone(), s.key.clone()))
+    };
+    assert_eq!(
+        secret_ref("DATABASE_URL"),
+        Some(("orders-db".into(), "dsn".into()))
+    );
+    assert_eq!(
+        secret_ref("AMQP_URL"),
+        Some(("orders-amqp".into(), "amqp".into()))
+    );
+    assert!(
+        env.iter().all(|e| e.value.is_none()),
+        "no literal env values"
+    );
+    let pod_name = env.iter().find(|e| e.name == "POD_NAME").unwrap();
+    assert_eq!(
+        pod_name
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .as_ref()
+            .unwrap()
+            .field_path,
+        "metadata.name"
+    );
+
+    assert_eq!(c.resources, full_spec().relay.resources);
+    assert_eq!(p.termination_grace_period_seconds, Some(45));
+    assert_eq!(p.node_selector.as_ref().unwrap()["disk"], "ssd");
+    assert_eq!(
+        p.tolerations.as_ref().unwrap()[0].key.as_deref(),
+        Some("dedicated")
+    );
+    assert_eq!(p.affinity, full_spec().relay.affinity);
+    assert_eq!(p.service_account_name.as_deref(), Some("relay-sa"));
+    assert_eq!(p.image_pull_secrets.as_ref().unwrap()[0].name, "regcred");
+    assert_eq!(p.priority_class_name.as_deref(), Some("high"));
+    assert_eq!(p.automount_service_account_token, Some(false));
+
+    let template = d.spec.template.metadata.as_ref().unwrap();
+    let pod_labels = template.labels.as_ref().unwrap();
+    assert_eq!(pod_labels["tier"], "backend");
+    assert_eq!(pod_labels["app.kubernetes.io/instance"], "orders");
+    let annotations = template.annotations.as_ref().unwrap();
+    assert_eq!(annotations["team"], "sales");
+    assert_eq!(annotations["prometheus.io/port"], "9090");
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(annotations[SECRET_VERSIONS_ANNOTATION], "orders-db=7");
+}
+
+#[test]
+fn optional_flags_are_left_out_when_unset() {
+    let d = build(sample_spec(), 1);
+    for name in [
+        "routing-key-column",
+        "headers-column",
+        "attempts-column",
+        "routing-key",
+        "dead-letter-exchange",
+        "processed-retention",
+    ] {
+        assert_eq!(arg(&d, name), None, "--{name}");
+    }
+    assert_eq!(arg(&d, "mode"), Some("mark"));
+    assert_eq!(arg(&d, "log-format"), Some("json"));
+    assert_eq!(arg(&d, "publisher-confirms"), Some("true"));
+    assert_eq!(arg(&d, "shutdown-grace"), Some("25s"));
+    assert_eq!(
+        container(&d).image.as_deref(),
+        Some(BuildSettings::default().default_image.as_str())
+    );
+    let p = pod(&d);
+    assert!(p.node_selector.is_none() && p.tolerations.is_none() && p.affinity.is_none());
+}
+
+#[test]
+fn pods_run_restricted() {
+    let d = build(sample_spec(), 1);
+    let c = container(&d);
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap(),
+        &vec!["ALL".to_string()]
+    );
+    assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+    let psc = pod(&d).security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(
+        psc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault"
+    );
+}
+
+#[test]
+fn probes_and_metrics_port_are_named() {
+    let d = build(sample_spec(), 1);
+    let c = container(&d);
+    let port = &c.ports.as_ref().unwrap()[0];
+    assert_eq!(port.name.as_deref(), Some("metrics"));
+    assert_eq!(port.container_port, 9090);
+    let path = |probe: &Option<Probe>| {
+        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(get.port, IntOrString::String("metrics".into()));
+        get.path.clone().unwrap()
+    };
+    assert_eq!(path(&c.liveness_probe), "/healthz");
+    assert_eq!(path(&c.readiness_probe), "/readyz");
+}
+
+#[test]
+fn labels_owner_and_selector_follow_the_relay() {
+    let d = build(sample_spec(), 1);
+    assert_eq!(d.metadata.name.as_deref(), Some("orders"));
+    assert_eq!(d.metadata.namespace.as_deref(), Some("shop"));
+    let labels = d.metadata.labels.as_ref().unwrap();
+    for key in [
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/component",
+        "app.kubernetes.io/part-of",
+        "app.kubernetes.io/managed-by",
+    ] {
+        assert!(labels.contains_key(key), "{key}");
+    }
+    let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(owner.kind, "OutboxRelay");
+    assert_eq!(owner.api_version, "outboxrelay.io/v1alpha1");
+    assert_eq!(owner.name, "orders");
+    assert_eq!(owner.uid, "uid-orders");
+    assert_eq!(owner.controller, Some(true));
+    let selector = d.spec.selector.match_labels.clone().unwrap();
+    assert_eq!(
+        selector,
+        selector_labels(&sample_relay("orders", sample_spec()))
+    );
+    assert_eq!(
+        selector_string(&sample_relay("orders", sample_spec())),
+        "app.kubernetes.io/instance=orders,app.kubernetes.io/name=outbox-relay"
+    );
+}
+
+#[test]
+fn the_hash_changes_with_the_spec_and_only_then() {
+    let a = build(sample_spec(), 1);
+    let b = build(sample_spec(), 1);
+    assert_eq!(spec_hash(&a), spec_hash(&b));
+    assert!(spec_hash(&a).is_some());
+    let mut spec = sample_spec();
+    spec.relay.batch_size = 42;
+    assert_ne!(spec_hash(&a), spec_hash(&build(spec, 1)));
+    assert_ne!(spec_hash(&a), spec_hash(&build(sample_spec(), 2)));
+}
+
+#[tokio::test]
+async fn no_secret_value_reaches_the_deployment() {
+    use crate::test_support::secret;
+    use k8s_openapi::api::core::v1::Secret;
+    use tower_test::mock;
+
+    // Dereference real Secret objects carrying a recognisable password, then build from what
+    // the reconciler has in hand: the password must not appear anywhere in the result.
+    let (service, mut handle) =
+        mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+    let server = tokio::spawn(async move {
+        for (name, url) in [
+            (
+                "orders-db",
+                format!("postgres://app:{LEAK_CANARY}@db:5432/app"),
+            ),
+            (
+                "orders-amqp",
+                format!("amqp://app:{LEAK_CANARY}@mq:5672/%2f"),
+            ),
+        ] {
+            let (request, send) = handle.next_request().await.expect("a Secret GET");
+            assert!(request.uri().path().ends_with(&format!("/secrets/{name}")));
+            let body = serde_json::to_vec(&secret(name, "url", &url)).unwrap();
+            send.send_response(http::Response::builder().body(body.into()).unwrap());
+        }
+    });
+    let client = kube::Client::new(service, "shop");
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(client, "shop");
+    let relay = sample_relay("orders", full_spec_with_default_keys());
+    let found = dereference_secrets(&secrets, &relay.spec).await.unwrap();
+    server.await.unwrap();
+    assert_eq!(found.database_url.password().as_deref(), Some(LEAK_CANARY));
+
+    let plan = validate(&relay.spec).unwrap();
+    let d = build_deployment(
+        &relay,
+        &plan,
+        &found.fingerprint(),
+        2,
+        &BuildSettings::default(),
+    );
+    let text = serde_json::to_string(&d).unwrap();
+    assert!(!text.contains(LEAK_CANARY), "{text}");
+    assert!(!text.contains("postgres://"), "{text}");
+    assert!(!text.contains("amqp://"), "{text}");
+    assert!(!format!("{found:?}").contains(LEAK_CANARY));
+}
+
+fn full_spec_with_default_keys() -> OutboxRelaySpec {
+    let mut spec = full_spec();
+    spec.database.url_secret_ref.key = "url".into();
+    spec.broker.url_secret_ref.key = "url".into();
+    spec
+}

@@ -1,0 +1,123 @@
+//! Everything that can stop a reconcile, one variant per step and cause. Each variant knows
+//! its metric label (for `outbox_operator_reconcile_failures_total`) and, when the user can act
+//! on it, the condition reason and event it turns into.
+
+use crate::validation::SpecErrors;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Secret {name} not found in the relay's namespace")]
+    SecretNotFound { name: String },
+    #[error("Secret {name} has no key {key}")]
+    SecretKeyMissing { name: String, key: String },
+    #[error("the value of key {key} in Secret {name} {reason}")]
+    SecretValueInvalid {
+        name: String,
+        key: String,
+        reason: String,
+    },
+    #[error("reading a Secret failed: {0}")]
+    ReadSecret(#[source] kube::Error),
+    #[error("invalid spec: {0}")]
+    InvalidSpec(#[source] SpecErrors),
+    /// The message is already redacted: it never carries the URL's password.
+    #[error("cannot connect to the database: {0}")]
+    DatabaseUnreachable(String),
+    /// The message is already redacted.
+    #[error("migration failed: {0}")]
+    MigrationFailed(String),
+    #[error("reading the relay Deployment failed: {0}")]
+    ObserveDeployment(#[source] kube::Error),
+    #[error("applying the relay Deployment failed: {0}")]
+    ApplyDeployment(#[source] kube::Error),
+    #[error("writing the status failed: {0}")]
+    PatchStatus(#[source] kube::Error),
+    #[error("the OutboxRelay has no namespace")]
+    MissingNamespace,
+}
+
+impl Error {
+    /// Label of this error in metrics; stable, snake_case, one per variant.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::SecretNotFound { .. } => "secret_not_found",
+            Error::SecretKeyMissing { .. } => "secret_key_missing",
+            Error::SecretValueInvalid { .. } => "secret_value_invalid",
+            Error::ReadSecret(_) => "read_secret",
+            Error::InvalidSpec(_) => "invalid_spec",
+            Error::DatabaseUnreachable(_) => "database_unreachable",
+            Error::MigrationFailed(_) => "migration_failed",
+            Error::ObserveDeployment(_) => "observe_deployment",
+            Error::ApplyDeployment(_) => "apply_deployment",
+            Error::PatchStatus(_) => "patch_status",
+            Error::MissingNamespace => "missing_namespace",
+        }
+    }
+
+    /// The condition reason and event reason for errors the user should see on the object.
+    /// `None` for API-server trouble: writing a condition about it would likely fail too, and
+    /// the retry usually fixes it.
+    pub fn user_facing_reason(&self) -> Option<&'static str> {
+        match self {
+            Error::SecretNotFound { .. } => Some("SecretNotFound"),
+            Error::SecretKeyMissing { .. } => Some("SecretKeyMissing"),
+            Error::SecretValueInvalid { .. } => Some("SecretValueInvalid"),
+            Error::InvalidSpec(_) => Some("InvalidSpec"),
+            Error::DatabaseUnreachable(_) => Some("DatabaseUnreachable"),
+            Error::MigrationFailed(_) => Some("MigrationFailed"),
+            Error::MissingNamespace => Some("InvalidSpec"),
+            Error::ReadSecret(_)
+            | Error::ObserveDeployment(_)
+            | Error::ApplyDeployment(_)
+            | Error::PatchStatus(_) => None,
+        }
+    }
+
+    /// True when the table's index state is what failed, so IndexReady turns False too.
+    pub fn concerns_the_index(&self) -> bool {
+        matches!(
+            self,
+            Error::DatabaseUnreachable(_) | Error::MigrationFailed(_)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_and_reasons_are_distinct_per_user_facing_cause() {
+        let errors = [
+            Error::SecretNotFound { name: "db".into() },
+            Error::SecretKeyMissing {
+                name: "db".into(),
+                key: "url".into(),
+            },
+            Error::SecretValueInvalid {
+                name: "db".into(),
+                key: "url".into(),
+                reason: "has no host".into(),
+            },
+            Error::InvalidSpec(SpecErrors(vec![])),
+            Error::DatabaseUnreachable("refused".into()),
+            Error::MigrationFailed("table missing".into()),
+        ];
+        let labels: std::collections::BTreeSet<_> =
+            errors.iter().map(Error::metric_label).collect();
+        let reasons: std::collections::BTreeSet<_> = errors
+            .iter()
+            .filter_map(Error::user_facing_reason)
+            .collect();
+        assert_eq!(labels.len(), errors.len());
+        assert_eq!(reasons.len(), errors.len());
+        assert_eq!(
+            Error::SecretKeyMissing {
+                name: "db".into(),
+                key: "url".into()
+            }
+            .to_string(),
+            "Secret db has no key url"
+        );
+    }
+}

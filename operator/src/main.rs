@@ -1,0 +1,3 @@
+fn main() {
+    print!("{}", outbox_operator::crdgen::crd_yaml());
+}

@@ -1,0 +1,297 @@
+//! The status the reconciler writes, computed from what it did and observed. Pure functions:
+//! the current status goes in (so transition times survive), the new status comes out.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::Timestamp;
+use outbox_relay::migrate::IndexAction;
+
+use crate::conditions::{
+    self, ConditionStatus, DEGRADED, INDEX_READY, NewCondition, READY, set_condition,
+};
+use crate::crd::OutboxRelayStatus;
+use crate::error::Error;
+use crate::migration::MigrationOutcome;
+
+/// What a successful pass through the pipeline saw.
+#[derive(Debug, Clone)]
+pub struct Observation<'a> {
+    pub generation: Option<i64>,
+    pub table: String,
+    pub migration: &'a MigrationOutcome,
+    /// The Deployment as the API server returned it (after the apply, or as read).
+    pub deployment: &'a Deployment,
+    pub desired_replicas: i32,
+    pub selector: String,
+}
+
+/// Status after a pass that reached the end of the pipeline.
+pub fn healthy_status(
+    current: Option<&OutboxRelayStatus>,
+    observed: &Observation<'_>,
+    now: Timestamp,
+) -> OutboxRelayStatus {
+    let mut status = current.cloned().unwrap_or_default();
+    let generation = observed.generation;
+    status.observed_generation = generation;
+    let deployment_status = observed.deployment.status.clone().unwrap_or_default();
+    status.replicas = Some(deployment_status.replicas.unwrap_or(0));
+    status.ready_replicas = Some(deployment_status.ready_replicas.unwrap_or(0));
+    status.desired_replicas = Some(observed.desired_replicas);
+    status.selector = Some(observed.selector.clone());
+
+    let index = index_condition(&status, observed);
+    let index_ready = index.status == ConditionStatus::True;
+    set_condition(&mut status.conditions, index, generation, now);
+
+    let ready = if !index_ready {
+        NewCondition::new(
+            READY,
+            false,
+            "MigrationPending",
+            format!("waiting for the migration of table {}", observed.table),
+        )
+    } else {
+        rollout_condition(observed)
+    };
+    set_condition(&mut status.conditions, ready, generation, now);
+    set_condition(
+        &mut status.conditions,
+        NewCondition::new(DEGRADED, false, "AsExpected", "no problems found"),
+        generation,
+        now,
+    );
+    status
+}
+
+/// Status after a pass that stopped at `error`, for errors the user can act on.
+pub fn failed_status(
+    current: Option<&OutboxRelayStatus>,
+    generation: Option<i64>,
+    reason: &str,
+    error: &Error,
+    now: Timestamp,
+) -> OutboxRelayStatus {
+    let mut status = current.cloned().unwrap_or_default();
+    status.observed_generation = generation;
+    let message = error.to_string();
+    set_condition(
+        &mut status.conditions,
+        NewCondition::new(READY, false, reason, message.clone()),
+        generation,
+        now,
+    );
+    set_condition(
+        &mut status.conditions,
+        NewCondition::new(DEGRADED, true, reason, message.clone()),
+        generation,
+        now,
+    );
+    if error.concerns_the_index() {
+        set_condition(
+            &mut status.conditions,
+            NewCondition::new(INDEX_READY, false, reason, message),
+            generation,
+            now,
+        );
+    }
+    status
+}
+
+fn index_condition(status: &OutboxRelayStatus, observed: &Observation<'_>) -> NewCondition {
+    match observed.migration {
+        MigrationOutcome::Migrated(report) => {
+            let reason = match report.index {
+                IndexAction::Created => "IndexCreated",
+                IndexAction::AlreadyValid => "IndexValid",
+                IndexAction::RebuiltInvalid => "InvalidIndexRebuilt",
+            };
+            NewCondition::new(INDEX_READY, true, reason, report.lines().join("; "))
+        }
+        MigrationOutcome::AlreadyMigrated => {
+            match conditions::find(&status.conditions, INDEX_READY) {
+                // Keep what the migration said when it ran.
+                Some(c) if c.status == "True" => {
+                    NewCondition::new(INDEX_READY, true, c.reason.clone(), c.message.clone())
+                }
+                _ => NewCondition::new(
+                    INDEX_READY,
+                    true,
+                    "IndexValid",
+                    format!("table {} is migrated", observed.table),
+                ),
+            }
+        }
+        MigrationOutcome::LockBusy => NewCondition::new(
+            INDEX_READY,
+            ConditionStatus::Unknown,
+            "MigrationInProgress",
+            format!(
+                "another migration of table {} holds the lock; retrying shortly",
+                observed.table
+            ),
+        ),
+    }
+}
+
+/// Ready follows the Deployment's rollout: every desired pod updated and ready, no old pods.
+fn rollout_condition(observed: &Observation<'_>) -> NewCondition {
+    let desired = observed.desired_replicas;
+    let deployment = observed.deployment;
+    let status = deployment.status.clone().unwrap_or_default();
+    let ready = status.ready_replicas.unwrap_or(0);
+    let updated = status.updated_replicas.unwrap_or(0);
+    let total = status.replicas.unwrap_or(0);
+    let seen = match (deployment.metadata.generation, status.observed_generation) {
+        (Some(generation), Some(observed)) => observed >= generation,
+        (Some(_), None) => false,
+        (None, _) => true,
+    };
+    if seen && desired == 0 && total == 0 {
+        return NewCondition::new(READY, true, "ScaledToZero", "no relay pods are needed");
+    }
+    if seen && ready >= desired && updated >= desired && total == desired {
+        NewCondition::new(
+            READY,
+            true,
+            "Available",
+            format!("{ready} of {desired} relay pods ready"),
+        )
+    } else {
+        NewCondition::new(
+            READY,
+            false,
+            "Progressing",
+            format!("{ready} of {desired} relay pods ready, {updated} updated"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::DeploymentStatus;
+    use outbox_relay::migrate::MigrationReport;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(seconds).unwrap()
+    }
+
+    fn deployment(replicas: i32, ready: i32) -> Deployment {
+        let mut d = Deployment::default();
+        d.metadata.generation = Some(2);
+        d.status = Some(DeploymentStatus {
+            observed_generation: Some(2),
+            replicas: Some(replicas),
+            ready_replicas: Some(ready),
+            updated_replicas: Some(replicas),
+            ..Default::default()
+        });
+        d
+    }
+
+    fn report(index: IndexAction) -> MigrationOutcome {
+        MigrationOutcome::Migrated(MigrationReport {
+            index_name: "t_pending_idx".into(),
+            index,
+            reports_table_created: true,
+            autovacuum_changed: true,
+            notify_installed: false,
+        })
+    }
+
+    fn observe<'a>(
+        migration: &'a MigrationOutcome,
+        d: &'a Deployment,
+        desired: i32,
+    ) -> Observation<'a> {
+        Observation {
+            generation: Some(4),
+            table: "t".into(),
+            migration,
+            deployment: d,
+            desired_replicas: desired,
+            selector: "a=b".into(),
+        }
+    }
+
+    fn condition<'a>(status: &'a OutboxRelayStatus, type_: &str) -> (&'a str, &'a str) {
+        let c = conditions::find(&status.conditions, type_).unwrap();
+        (c.status.as_str(), c.reason.as_str())
+    }
+
+    #[test]
+    fn ready_once_every_pod_is_ready() {
+        let migrated = report(IndexAction::Created);
+        let d = deployment(2, 1);
+        let progressing = healthy_status(None, &observe(&migrated, &d, 2), at(10));
+        assert_eq!(condition(&progressing, READY), ("False", "Progressing"));
+        assert_eq!(
+            condition(&progressing, INDEX_READY),
+            ("True", "IndexCreated")
+        );
+        assert_eq!(condition(&progressing, DEGRADED), ("False", "AsExpected"));
+        assert_eq!(progressing.observed_generation, Some(4));
+        assert_eq!(progressing.ready_replicas, Some(1));
+        assert_eq!(progressing.selector.as_deref(), Some("a=b"));
+
+        let d = deployment(2, 2);
+        let already = MigrationOutcome::AlreadyMigrated;
+        let ready = healthy_status(Some(&progressing), &observe(&already, &d, 2), at(20));
+        assert_eq!(condition(&ready, READY), ("True", "Available"));
+        // The migration's own reason is kept while nothing new was migrated.
+        assert_eq!(condition(&ready, INDEX_READY), ("True", "IndexCreated"));
+        let index = conditions::find(&ready.conditions, INDEX_READY).unwrap();
+        assert_eq!(index.last_transition_time.0, at(10));
+    }
+
+    #[test]
+    fn a_busy_lock_leaves_the_index_unknown_and_the_relay_not_ready() {
+        let busy = MigrationOutcome::LockBusy;
+        let d = deployment(1, 1);
+        let status = healthy_status(None, &observe(&busy, &d, 1), at(10));
+        assert_eq!(
+            condition(&status, INDEX_READY),
+            ("Unknown", "MigrationInProgress")
+        );
+        assert_eq!(condition(&status, READY), ("False", "MigrationPending"));
+    }
+
+    #[test]
+    fn an_old_deployment_generation_is_not_ready() {
+        let migrated = report(IndexAction::AlreadyValid);
+        let mut d = deployment(1, 1);
+        d.metadata.generation = Some(3);
+        let status = healthy_status(None, &observe(&migrated, &d, 1), at(10));
+        assert_eq!(condition(&status, READY), ("False", "Progressing"));
+    }
+
+    #[test]
+    fn zero_desired_pods_is_ready() {
+        let migrated = report(IndexAction::AlreadyValid);
+        let d = deployment(0, 0);
+        let status = healthy_status(None, &observe(&migrated, &d, 0), at(10));
+        assert_eq!(condition(&status, READY), ("True", "ScaledToZero"));
+    }
+
+    #[test]
+    fn failures_mark_degraded_and_not_ready() {
+        let error = Error::DatabaseUnreachable("connection refused".into());
+        let status = failed_status(None, Some(2), "DatabaseUnreachable", &error, at(10));
+        assert_eq!(condition(&status, READY), ("False", "DatabaseUnreachable"));
+        assert_eq!(
+            condition(&status, DEGRADED),
+            ("True", "DatabaseUnreachable")
+        );
+        assert_eq!(
+            condition(&status, INDEX_READY),
+            ("False", "DatabaseUnreachable")
+        );
+        let error = Error::SecretNotFound { name: "db".into() };
+        let status = failed_status(None, Some(2), "SecretNotFound", &error, at(10));
+        assert!(conditions::find(&status.conditions, INDEX_READY).is_none());
+        assert_eq!(
+            conditions::find(&status.conditions, READY).unwrap().message,
+            "Secret db not found in the relay's namespace"
+        );
+    }
+}

@@ -1,0 +1,470 @@
+//! Checks an OutboxRelay spec and turns it into typed values, with one message per problem
+//! naming the field. The CRD schema refuses most mistakes at `kubectl apply`, but objects
+//! written under an older CRD, or with validation off, reach the reconciler too: it must turn
+//! them into a condition, never a panic.
+
+use std::fmt;
+use std::time::Duration;
+
+use outbox_relay::ident::{Ident, TableName};
+use outbox_relay::migrate::MigrationOptions;
+use outbox_relay::table::{Columns, DeliveryMode as TableDeliveryMode, OutboxTable};
+
+use crate::crd::{DeliveryMode, OutboxRelaySpec, ScalingRules, ScalingSpec};
+
+/// AMQP short strings (exchange, routing key) are limited to 255 bytes.
+const AMQP_SHORT_STRING_MAX: usize = 255;
+
+/// One problem with the spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// JSON path of the field, e.g. `spec.relay.batchSize`.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// Every problem found, in field order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecErrors(pub Vec<FieldError>);
+
+impl fmt::Display for SpecErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let all: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&all.join("; "))
+    }
+}
+
+impl std::error::Error for SpecErrors {}
+
+/// The durations of the scaling block, parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalingPlan {
+    pub polling_interval: Duration,
+    pub cooldown_period: Duration,
+    pub stale_after: Duration,
+}
+
+/// A spec that passed validation, in the relay crate's types.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelayPlan {
+    pub table: OutboxTable,
+    pub migration: MigrationOptions,
+    pub publish_timeout: Duration,
+    pub poll_interval: Duration,
+    pub report_interval: Duration,
+    pub processed_retention: Option<Duration>,
+    pub scaling: Option<ScalingPlan>,
+}
+
+/// Collects problems as the checks go, so the user sees all of them at once.
+#[derive(Default)]
+struct Checker {
+    errors: Vec<FieldError>,
+}
+
+impl Checker {
+    fn fail(&mut self, path: &str, message: impl Into<String>) {
+        self.errors.push(FieldError {
+            path: path.to_string(),
+            message: message.into(),
+        });
+    }
+
+    fn range(&mut self, path: &str, value: i64, min: i64, max: i64) {
+        if !(min..=max).contains(&value) {
+            self.fail(
+                path,
+                format!("must be between {min} and {max}, got {value}"),
+            );
+        }
+    }
+
+    fn at_least(&mut self, path: &str, value: i64, min: i64) {
+        if value < min {
+            self.fail(path, format!("must be at least {min}, got {value}"));
+        }
+    }
+
+    fn ident(&mut self, path: &str, name: &str) -> Option<Ident> {
+        Ident::new(name)
+            .map_err(|e| self.fail(path, format!("column name {e}")))
+            .ok()
+    }
+
+    fn short_string(&mut self, path: &str, value: &str) {
+        if value.len() > AMQP_SHORT_STRING_MAX {
+            self.fail(
+                path,
+                format!("is {} bytes; AMQP allows at most 255", value.len()),
+            );
+        }
+    }
+
+    fn not_empty(&mut self, path: &str, value: &str) {
+        if value.trim().is_empty() {
+            self.fail(path, "must not be empty");
+        }
+    }
+
+    fn duration(&mut self, path: &str, text: &str) -> Option<Duration> {
+        match humantime::parse_duration(text.trim()) {
+            Ok(d) if d.is_zero() => {
+                self.fail(path, "must be greater than zero");
+                None
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                self.fail(
+                    path,
+                    format!("{e} in {text:?}; write a duration like 500ms, 10s or 5m"),
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Validates the spec; on success every value is in range and typed.
+pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
+    let mut check = Checker::default();
+
+    check.range("spec.replicas", spec.replicas.into(), 0, 1000);
+
+    let db = &spec.database;
+    check.not_empty("spec.database.urlSecretRef.name", &db.url_secret_ref.name);
+    check.not_empty("spec.database.urlSecretRef.key", &db.url_secret_ref.key);
+    let table_name = TableName::parse(&db.table)
+        .map_err(|e| check.fail("spec.database.table", format!("table name {e}")))
+        .ok();
+    let columns = check_columns(&mut check, spec);
+
+    let broker = &spec.broker;
+    check.not_empty("spec.broker.urlSecretRef.name", &broker.url_secret_ref.name);
+    check.not_empty("spec.broker.urlSecretRef.key", &broker.url_secret_ref.key);
+    check.short_string("spec.broker.exchange", &broker.exchange);
+    if let Some(key) = &broker.routing_key {
+        check.short_string("spec.broker.routingKey", key);
+    }
+    if let Some(dlx) = &broker.dead_letter_exchange {
+        check.short_string("spec.broker.deadLetterExchange", dlx);
+    }
+
+    let relay = &spec.relay;
+    if let Some(image) = &relay.image {
+        check.not_empty("spec.relay.image", image);
+    }
+    check.range("spec.relay.batchSize", relay.batch_size.into(), 1, 10_000);
+    check.range(
+        "spec.relay.workersPerPod",
+        relay.workers_per_pod.into(),
+        1,
+        64,
+    );
+    check.range("spec.relay.maxAttempts", relay.max_attempts.into(), 1, 1000);
+    check.range(
+        "spec.relay.terminationGracePeriodSeconds",
+        relay.termination_grace_period_seconds,
+        1,
+        3600,
+    );
+    let publish_timeout = check.duration("spec.relay.publishTimeout", &relay.publish_timeout);
+    let poll_interval = check.duration("spec.relay.pollInterval", &relay.poll_interval);
+    let report_interval = check.duration("spec.relay.reportInterval", &relay.report_interval);
+    let processed_retention = relay
+        .processed_retention
+        .as_deref()
+        .map(|text| check.duration("spec.relay.processedRetention", text));
+
+    let scaling = spec
+        .scaling
+        .as_ref()
+        .map(|scaling| check_scaling(&mut check, scaling));
+
+    if !check.errors.is_empty() {
+        return Err(SpecErrors(check.errors));
+    }
+    // Every Option below is Some: a None was recorded as an error above.
+    let (
+        Some(name),
+        Some(columns),
+        Some(publish_timeout),
+        Some(poll_interval),
+        Some(report_interval),
+    ) = (
+        table_name,
+        columns,
+        publish_timeout,
+        poll_interval,
+        report_interval,
+    )
+    else {
+        return Err(SpecErrors(vec![FieldError {
+            path: "spec".into(),
+            message: "could not be read".into(),
+        }]));
+    };
+    Ok(RelayPlan {
+        table: OutboxTable {
+            name,
+            columns,
+            mode: match relay.delivery_mode {
+                DeliveryMode::Mark => TableDeliveryMode::Mark,
+                DeliveryMode::Delete => TableDeliveryMode::Delete,
+            },
+        },
+        migration: MigrationOptions {
+            covering_index: db.covering_index,
+            notify: db.notify_trigger,
+            skip_autovacuum: false,
+        },
+        publish_timeout,
+        poll_interval,
+        report_interval,
+        processed_retention: processed_retention.flatten(),
+        scaling: scaling.flatten(),
+    })
+}
+
+fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns> {
+    let c = &spec.database.columns;
+    let p = "spec.database.columns";
+    let id = check.ident(&format!("{p}.id"), &c.id);
+    let kind = check.ident(&format!("{p}.type"), &c.kind);
+    let payload = check.ident(&format!("{p}.payload"), &c.payload);
+    let occurred_at = check.ident(&format!("{p}.occurredAt"), &c.occurred_at);
+    let processed_at = check.ident(&format!("{p}.processedAt"), &c.processed_at);
+    let error = check.ident(&format!("{p}.error"), &c.error);
+    let mut optional = |field: &str, name: &Option<String>| match name {
+        None => Some(None),
+        Some(name) => check.ident(&format!("{p}.{field}"), name).map(Some),
+    };
+    let routing_key = optional("routingKey", &c.routing_key);
+    let headers = optional("headers", &c.headers);
+    let attempts = optional("attempts", &c.attempts);
+    let columns = Columns {
+        id: id?,
+        kind: kind?,
+        payload: payload?,
+        occurred_at: occurred_at?,
+        processed_at: processed_at?,
+        error: error?,
+        routing_key: routing_key?,
+        headers: headers?,
+        attempts: attempts?,
+    };
+    // One column cannot play two parts: the relay would write its error text into the payload.
+    let mut seen: Vec<&Ident> = Vec::new();
+    for (_, column) in columns.mapped() {
+        if seen.contains(&column) {
+            check.fail(
+                p,
+                format!("column {column} is mapped twice; every role needs its own column"),
+            );
+            return None;
+        }
+        seen.push(column);
+    }
+    Some(columns)
+}
+
+fn check_scaling(check: &mut Checker, scaling: &ScalingSpec) -> Option<ScalingPlan> {
+    let p = "spec.scaling";
+    check.range(
+        &format!("{p}.minReplicas"),
+        scaling.min_replicas.into(),
+        0,
+        1000,
+    );
+    check.range(
+        &format!("{p}.maxReplicas"),
+        scaling.max_replicas.into(),
+        1,
+        1000,
+    );
+    if scaling.min_replicas > scaling.max_replicas {
+        check.fail(
+            p,
+            format!(
+                "minReplicas ({}) must not be greater than maxReplicas ({})",
+                scaling.min_replicas, scaling.max_replicas
+            ),
+        );
+    }
+    check.at_least(
+        &format!("{p}.targetBacklogPerReplica"),
+        scaling.target_backlog_per_replica,
+        1,
+    );
+    if let Some(seconds) = scaling.target_drain_seconds {
+        check.at_least(&format!("{p}.targetDrainSeconds"), seconds, 1);
+    }
+    check.at_least(
+        &format!("{p}.activationBacklog"),
+        scaling.activation_backlog,
+        0,
+    );
+    if !(0.0..=1.0).contains(&scaling.tolerance) {
+        check.fail(
+            &format!("{p}.tolerance"),
+            format!("must be between 0 and 1, got {}", scaling.tolerance),
+        );
+    }
+    check_rules(check, &format!("{p}.scaleUp"), &scaling.scale_up);
+    check_rules(check, &format!("{p}.scaleDown"), &scaling.scale_down);
+    check.range(
+        &format!("{p}.fallback.replicas"),
+        scaling.fallback.replicas.into(),
+        1,
+        scaling.max_replicas.max(1).into(),
+    );
+    let polling_interval =
+        check.duration(&format!("{p}.pollingInterval"), &scaling.polling_interval);
+    let cooldown_period = check.duration(&format!("{p}.cooldownPeriod"), &scaling.cooldown_period);
+    let stale_after = check.duration(
+        &format!("{p}.fallback.staleAfter"),
+        &scaling.fallback.stale_after,
+    );
+    Some(ScalingPlan {
+        polling_interval: polling_interval?,
+        cooldown_period: cooldown_period?,
+        stale_after: stale_after?,
+    })
+}
+
+fn check_rules(check: &mut Checker, path: &str, rules: &ScalingRules) {
+    check.range(
+        &format!("{path}.stabilizationWindowSeconds"),
+        rules.stabilization_window_seconds.into(),
+        0,
+        3600,
+    );
+    for (i, policy) in rules.policies.iter().enumerate() {
+        check.at_least(
+            &format!("{path}.policies[{i}].value"),
+            policy.value.into(),
+            1,
+        );
+        check.range(
+            &format!("{path}.policies[{i}].periodSeconds"),
+            policy.period_seconds.into(),
+            1,
+            1800,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::sample_spec;
+
+    fn messages(spec: &OutboxRelaySpec) -> Vec<String> {
+        validate(spec)
+            .unwrap_err()
+            .0
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_sample_spec_becomes_a_plan() {
+        let plan = validate(&sample_spec()).unwrap();
+        assert_eq!(plan.table.name.to_string(), "outbox_messages");
+        assert_eq!(plan.table.columns, Columns::default());
+        assert_eq!(plan.publish_timeout, Duration::from_secs(10));
+        assert_eq!(plan.poll_interval, Duration::from_millis(200));
+        assert!(plan.scaling.is_none());
+        assert!(!plan.migration.covering_index);
+    }
+
+    #[test]
+    fn bad_identifiers_name_their_field() {
+        let mut spec = sample_spec();
+        spec.database.table = "orders; drop table x".into();
+        spec.database.columns.payload = "1body".into();
+        spec.database.columns.routing_key = Some("".into());
+        assert_eq!(
+            messages(&spec),
+            vec![
+                "spec.database.table: table name \"orders; drop table x\" is not a plain SQL name; use letters, digits and underscores, starting with a letter or underscore",
+                "spec.database.columns.payload: column name \"1body\" is not a plain SQL name; use letters, digits and underscores, starting with a letter or underscore",
+                "spec.database.columns.routingKey: column name is empty; give a name like outbox_messages",
+            ]
+        );
+    }
+
+    #[test]
+    fn ranges_and_durations_are_checked() {
+        let mut spec = sample_spec();
+        spec.relay.batch_size = 0;
+        spec.relay.workers_per_pod = 65;
+        spec.relay.poll_interval = "soon".into();
+        spec.relay.publish_timeout = "0s".into();
+        let all = messages(&spec);
+        assert_eq!(all.len(), 4, "{all:?}");
+        assert_eq!(
+            all[0],
+            "spec.relay.batchSize: must be between 1 and 10000, got 0"
+        );
+        assert_eq!(
+            all[1],
+            "spec.relay.workersPerPod: must be between 1 and 64, got 65"
+        );
+        assert_eq!(
+            all[2],
+            "spec.relay.publishTimeout: must be greater than zero"
+        );
+        assert!(
+            all[3].starts_with("spec.relay.pollInterval: ") && all[3].contains("\"soon\""),
+            "{}",
+            all[3]
+        );
+    }
+
+    #[test]
+    fn min_above_max_is_refused() {
+        let mut spec = sample_spec();
+        spec.scaling = Some(ScalingSpec {
+            min_replicas: 5,
+            max_replicas: 3,
+            ..Default::default()
+        });
+        assert_eq!(
+            messages(&spec),
+            vec!["spec.scaling: minReplicas (5) must not be greater than maxReplicas (3)"]
+        );
+    }
+
+    #[test]
+    fn one_column_cannot_play_two_parts() {
+        let mut spec = sample_spec();
+        spec.database.columns.error = "content".into();
+        assert_eq!(
+            messages(&spec),
+            vec![
+                "spec.database.columns: column content is mapped twice; every role needs its own column"
+            ]
+        );
+    }
+
+    #[test]
+    fn broker_names_fit_amqp() {
+        let mut spec = sample_spec();
+        spec.broker.exchange = "x".repeat(256);
+        spec.broker.url_secret_ref.name = String::new();
+        assert_eq!(
+            messages(&spec),
+            vec![
+                "spec.broker.urlSecretRef.name: must not be empty",
+                "spec.broker.exchange: is 256 bytes; AMQP allows at most 255",
+            ]
+        );
+    }
+}
