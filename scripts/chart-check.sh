@@ -761,6 +761,25 @@ pycheck relay-example
 # Scripts that cannot run here (no cluster, maybe no container engine): at least they parse.
 # ---------------------------------------------------------------------------------------------
 
+dockerfile_ok() {
+    local f="$ROOT/Dockerfile" want
+    for want in '^FROM docker.io/library/rust:.* AS builder' \
+        'cargo build --release --locked -p outbox-relay -p outbox-operator' \
+        '^FROM gcr.io/distroless/cc-debian12:nonroot' \
+        'outbox-relay /out/outbox-operator /usr/local/bin/' \
+        '^USER nonroot'; do
+        grep -Eq -- "$want" "$f" || { echo "Dockerfile lacks /$want/"; return 1; }
+    done
+    # The build context must keep every workspace member (Cargo needs them all to build one).
+    for member in relay operator tests Cargo.toml Cargo.lock; do
+        if grep -qx "$member" "$ROOT/.dockerignore"; then
+            echo ".dockerignore leaves out $member"
+            return 1
+        fi
+    done
+}
+check "Dockerfile: both binaries built in the Rust image, copied into distroless nonroot" dockerfile_ok
+
 for script in e2e-cluster.sh image.sh; do
     check "bash -n scripts/$script" bash -n "$ROOT/scripts/$script"
 done
