@@ -761,6 +761,24 @@ pycheck relay-example
 # Scripts that cannot run here (no cluster, maybe no container engine): at least they parse.
 # ---------------------------------------------------------------------------------------------
 
+# The dashboard's PromQL parses (promtool, from Debian's prometheus package, when installed).
+if command -v promtool >/dev/null; then
+    "$PY" - "$ROOT/config/grafana/outbox-relay-dashboard.json" >"$WORK/dashboard-rules.json" <<'PYRULES'
+import json, sys
+dash = json.load(open(sys.argv[1]))
+subst = {"$__rate_interval": "1m", "$__range": "1h", "$namespace": ".+", "$relay": "(orders|billing)"}
+rules = []
+for panel in dash["panels"]:
+    for target in panel.get("targets", []):
+        expr = target["expr"]
+        for key, value in subst.items():
+            expr = expr.replace(key, value)
+        rules.append({"record": f"dashboard:panel{panel['id']}:{target['refId']}", "expr": expr})
+print(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+PYRULES
+    check "dashboard PromQL parses (promtool check rules)" promtool check rules "$WORK/dashboard-rules.json"
+fi
+
 dockerfile_ok() {
     local f="$ROOT/Dockerfile" want
     for want in '^FROM docker.io/library/rust:.* AS builder' \
