@@ -106,9 +106,9 @@ SQL
 
 log "installing the chart in $OPERATOR_NS (watching $NS)"
 helm_args=(--set "watchNamespaces={$NS}")
-[ -n "${E2E_IMAGE_REPOSITORY:-}" ] && helm_args+=(--set "image.repository=$E2E_IMAGE_REPOSITORY")
-[ -n "${E2E_IMAGE_TAG:-}" ] && helm_args+=(--set "image.tag=$E2E_IMAGE_TAG")
-[ -n "${E2E_IMAGE_PULL_POLICY:-}" ] && helm_args+=(--set "image.pullPolicy=$E2E_IMAGE_PULL_POLICY")
+[ -n "${E2E_IMAGE_REPOSITORY:-}" ] && helm_args+=(--set-string "image.repository=$E2E_IMAGE_REPOSITORY")
+[ -n "${E2E_IMAGE_TAG:-}" ] && helm_args+=(--set-string "image.tag=$E2E_IMAGE_TAG")
+[ -n "${E2E_IMAGE_PULL_POLICY:-}" ] && helm_args+=(--set-string "image.pullPolicy=$E2E_IMAGE_PULL_POLICY")
 "$HELM" upgrade --install "$RELEASE" "$CHART" -n "$OPERATOR_NS" "${helm_args[@]}" \
     --wait --timeout "${TIMEOUT}s"
 
