@@ -25,4 +25,8 @@ pub use crd::{OutboxRelay, OutboxRelaySpec, OutboxRelayStatus};
 pub use error::Error;
 
 #[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod reconcile_tests;
+#[cfg(test)]
 mod test_support;

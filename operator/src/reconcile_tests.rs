@@ -1,0 +1,493 @@
+//! Request-level tests of the reconciler against the scripted API server, with the migration
+//! running for real against the local PostgreSQL (one fresh table per test).
+
+use std::time::Duration;
+
+use http::Method;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+
+use crate::conditions::{self, DEGRADED, INDEX_READY, READY};
+use crate::controller::{Settings, error_policy, reconcile};
+use crate::crd::{OutboxRelay, OutboxRelayStatus};
+use crate::deployment::{BuildSettings, build_deployment, selector_string};
+use crate::error::Error;
+use crate::fixtures::{Exchange, Reply, Step, finish, mock_context, serve};
+use crate::migration::{MigrationKey, MigrationOutcome};
+use crate::status::{Observation, healthy_status};
+use crate::test_support::{
+    LEAK_CANARY, connect, create_outbox_table, database_url_with_canary, sample_relay, secret,
+    spec_for_table,
+};
+use crate::validation::validate;
+
+const NS: &str = "shop";
+const SECRETS: &str = "/api/v1/namespaces/shop/secrets";
+const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/shop/deployments/orders";
+const STATUS: &str = "/apis/outboxrelay.io/v1alpha1/namespaces/shop/outboxrelays/orders/status";
+
+fn db_secret() -> Value {
+    serde_json::to_value(secret("orders-db", "url", &database_url_with_canary())).unwrap()
+}
+
+fn amqp_secret() -> Value {
+    serde_json::to_value(secret(
+        "orders-amqp",
+        "url",
+        &format!("amqp://relay:{LEAK_CANARY}@127.0.0.1:5672/%2f"),
+    ))
+    .unwrap()
+}
+
+fn secret_steps() -> Vec<Step> {
+    vec![
+        Step::get(format!("{SECRETS}/orders-db"), Reply::ok(db_secret())),
+        Step::get(format!("{SECRETS}/orders-amqp"), Reply::ok(amqp_secret())),
+    ]
+}
+
+/// The status a PATCH sent, read back as our type.
+fn sent_status(body: &Value) -> OutboxRelayStatus {
+    serde_json::from_value(body["status"].clone()).unwrap()
+}
+
+fn condition(status: &OutboxRelayStatus, type_: &str) -> (String, String) {
+    let c = conditions::find(&status.conditions, type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status:?}"));
+    (c.status.clone(), c.reason.clone())
+}
+
+fn pair(status: &str, reason: &str) -> (String, String) {
+    (status.to_string(), reason.to_string())
+}
+
+/// No request body ever carries a Secret value.
+fn assert_no_secret_leaked(seen: &[Exchange]) {
+    for exchange in seen {
+        let text = exchange.body.to_string();
+        if exchange.uri.contains("/secrets/") {
+            continue; // the Secret itself, as the fixture served it
+        }
+        assert!(
+            !text.contains(LEAK_CANARY),
+            "{} {} leaked: {text}",
+            exchange.method,
+            exchange.uri
+        );
+    }
+}
+
+/// A Deployment as the API server returns it after an apply: with a generation and a status.
+fn served(mut deployment: Value, generation: i64, ready: i32, replicas: i32) -> Value {
+    deployment["metadata"]["generation"] = json!(generation);
+    deployment["status"] = json!({
+        "observedGeneration": generation,
+        "replicas": replicas,
+        "readyReplicas": ready,
+        "updatedReplicas": replicas,
+    });
+    deployment
+}
+
+/// The status PATCH, answered with the object as the API server would return it.
+fn patch_status(check: impl FnOnce(&Value) + Send + 'static) -> Step {
+    Step::new(Method::PATCH, STATUS, move |body| {
+        check(body);
+        let mut relay = serde_json::to_value(sample_relay("orders", spec_for_table("t"))).unwrap();
+        relay["status"] = body["status"].clone();
+        Reply::ok(relay)
+    })
+}
+
+fn apply_deployment(check: impl FnOnce(&Value) + Send + 'static) -> Step {
+    Step::new(Method::PATCH, DEPLOYMENT, move |body| {
+        check(body);
+        Reply::ok(served(body.clone(), 1, 0, 0))
+    })
+}
+
+#[tokio::test]
+async fn new_relay_is_migrated_deployed_and_reported() {
+    let table = create_outbox_table().await;
+    let relay = sample_relay("orders", spec_for_table(&table));
+    let (ctx, handle) = mock_context(Settings::default());
+    let mut script = secret_steps();
+    script.push(Step::event(NS, "IndexCreated"));
+    script.push(Step::get(
+        DEPLOYMENT,
+        Reply::not_found("deployments.apps", "orders"),
+    ));
+    script.push(apply_deployment(|body| {
+        assert_eq!(body["kind"], "Deployment");
+        assert_eq!(
+            body["metadata"]["ownerReferences"][0]["kind"],
+            "OutboxRelay"
+        );
+        assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "uid-orders");
+        assert_eq!(body["spec"]["replicas"], 1);
+    }));
+    script.push(Step::event(NS, "DeploymentCreated"));
+    let table_for_check = table.clone();
+    script.push(patch_status(move |body| {
+        assert_eq!(body["kind"], "OutboxRelay");
+        let status = sent_status(body);
+        assert_eq!(status.observed_generation, Some(1));
+        assert_eq!(
+            condition(&status, INDEX_READY),
+            pair("True", "IndexCreated")
+        );
+        assert_eq!(condition(&status, READY), pair("False", "Progressing"));
+        assert_eq!(condition(&status, DEGRADED), pair("False", "AsExpected"));
+        assert_eq!(status.desired_replicas, Some(1));
+        assert_eq!(
+            status.selector.as_deref(),
+            Some("app.kubernetes.io/instance=orders,app.kubernetes.io/name=outbox-relay")
+        );
+        let index = conditions::find(&status.conditions, INDEX_READY).unwrap();
+        assert!(
+            index.message.contains(&table_for_check),
+            "{}",
+            index.message
+        );
+    }));
+    let server = serve(handle, script);
+
+    let action = reconcile(relay.into(), ctx).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    let seen = finish(server).await;
+    assert_no_secret_leaked(&seen);
+    let apply = seen
+        .iter()
+        .find(|e| e.method == Method::PATCH && e.uri.contains("/deployments/"))
+        .unwrap();
+    assert!(
+        apply.uri.contains("fieldManager=outbox-operator"),
+        "{}",
+        apply.uri
+    );
+    assert!(apply.uri.contains("force=true"), "{}", apply.uri);
+
+    // The index really exists and is valid.
+    assert!(index_is_valid(&mut connect().await, &table).await);
+}
+
+/// A relay whose Deployment and status are exactly what the operator would write.
+fn settled_relay(table: &str, generation: i64) -> (OutboxRelay, Value, String) {
+    let mut relay = sample_relay("orders", spec_for_table(table));
+    relay.metadata.generation = Some(generation);
+    let plan = validate(&relay.spec).unwrap();
+    let fingerprint = "orders-amqp=7,orders-db=7".to_string();
+    let deployment = build_deployment(&relay, &plan, &fingerprint, 1, &BuildSettings::default());
+    let live = served(serde_json::to_value(&deployment).unwrap(), 1, 1, 1);
+    let live_typed: Deployment = serde_json::from_value(live.clone()).unwrap();
+    let migrated = MigrationOutcome::AlreadyMigrated;
+    let observation = Observation {
+        generation: Some(generation),
+        table: table.to_string(),
+        migration: &migrated,
+        deployment: &live_typed,
+        desired_replicas: 1,
+        selector: selector_string(&relay),
+    };
+    relay.status = Some(healthy_status(None, &observation, Timestamp::now()));
+    (relay, live, fingerprint)
+}
+
+#[tokio::test]
+async fn unchanged_relay_causes_no_writes() {
+    let table = create_outbox_table().await;
+    let (relay, live, fingerprint) = settled_relay(&table, 1);
+    assert_eq!(
+        condition(relay.status.as_ref().unwrap(), READY),
+        pair("True", "Available")
+    );
+    let (ctx, handle) = mock_context(Settings::default());
+    ctx.migrations.remember(MigrationKey {
+        relay_uid: "uid-orders".into(),
+        generation: 1,
+        secrets_fingerprint: fingerprint,
+    });
+    let mut script = secret_steps();
+    script.push(Step::get(DEPLOYMENT, Reply::ok(live)));
+    let server = serve(handle, script);
+
+    let action = reconcile(relay.into(), ctx).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    let seen = finish(server).await;
+    assert!(seen.iter().all(|e| e.method == Method::GET), "{seen:#?}");
+}
+
+#[tokio::test]
+async fn missing_secret_is_reported_without_a_deployment() {
+    let relay = sample_relay("orders", spec_for_table("outbox_messages"));
+    let (ctx, handle) = mock_context(Settings::default());
+    let script = vec![
+        Step::get(
+            format!("{SECRETS}/orders-db"),
+            Reply::not_found("secrets", "orders-db"),
+        ),
+        patch_status(|body| {
+            let status = sent_status(body);
+            assert_eq!(condition(&status, READY), pair("False", "SecretNotFound"));
+            assert_eq!(condition(&status, DEGRADED), pair("True", "SecretNotFound"));
+            let ready = conditions::find(&status.conditions, READY).unwrap();
+            assert!(ready.message.contains("orders-db"), "{}", ready.message);
+            assert_eq!(status.observed_generation, Some(1));
+        }),
+        Step::write(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/shop/events",
+            |body| {
+                assert_eq!(body["reason"], "SecretNotFound");
+                assert_eq!(body["type"], "Warning");
+                assert_eq!(body["regarding"]["name"], "orders");
+            },
+        ),
+    ];
+    let server = serve(handle, script);
+
+    let relay = std::sync::Arc::new(relay);
+    let error = reconcile(relay.clone(), ctx.clone()).await.unwrap_err();
+    assert!(
+        matches!(error, Error::SecretNotFound { ref name } if name == "orders-db"),
+        "{error:?}"
+    );
+    // Backed off: 5 s, then 10 s for the next failure in a row.
+    assert_eq!(
+        error_policy(relay.clone(), &error, ctx.clone()),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(
+        error_policy(relay, &error, ctx.clone()),
+        Action::requeue(Duration::from_secs(10))
+    );
+    drop(ctx);
+    let seen = finish(server).await;
+    assert!(
+        !seen.iter().any(|e| e.uri.contains("/deployments")),
+        "{seen:#?}"
+    );
+}
+
+#[tokio::test]
+async fn spec_change_updates_the_deployment_and_advances_observed_generation() {
+    let table = create_outbox_table().await;
+    // The table was migrated for generation 1 already (by `outbox-relay migrate`, say).
+    let plan = validate(&spec_for_table(&table)).unwrap();
+    outbox_relay::migrate::migrate(&mut connect().await, &plan.table, &plan.migration)
+        .await
+        .unwrap();
+    let (mut relay, live, _) = settled_relay(&table, 1);
+    relay.metadata.generation = Some(2);
+    relay.spec.relay.batch_size = 2000;
+
+    let (ctx, handle) = mock_context(Settings::default());
+    let mut script = secret_steps();
+    // Generation 2 is migrated again; the index is already valid, so no event.
+    script.push(Step::get(DEPLOYMENT, Reply::ok(live)));
+    script.push(Step::new(Method::PATCH, DEPLOYMENT, |body| {
+        let args = body["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap();
+        let at = args.iter().position(|a| a == "--batch-size").unwrap();
+        assert_eq!(args[at + 1], "2000");
+        Reply::ok(served(body.clone(), 2, 1, 1))
+    }));
+    script.push(Step::event(NS, "DeploymentUpdated"));
+    script.push(patch_status(|body| {
+        let status = sent_status(body);
+        assert_eq!(status.observed_generation, Some(2));
+        assert_eq!(condition(&status, INDEX_READY), pair("True", "IndexValid"));
+        assert_eq!(condition(&status, READY), pair("True", "Available"));
+        let ready = conditions::find(&status.conditions, READY).unwrap();
+        assert_eq!(ready.observed_generation, Some(2));
+    }));
+    let server = serve(handle, script);
+
+    reconcile(relay.into(), ctx).await.unwrap();
+    let seen = finish(server).await;
+    assert_no_secret_leaked(&seen);
+}
+
+async fn index_is_valid(conn: &mut sqlx::PgConnection, table: &str) -> bool {
+    sqlx::query_scalar("SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)")
+        .bind(format!("\"{table}_pending_idx\""))
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn invalid_index_is_rebuilt_and_reported() {
+    let table = create_outbox_table().await;
+    let mut conn = connect().await;
+    // Two rows with the same occurred_on_utc make a UNIQUE build fail half-way, which leaves
+    // an INVALID index under the very name the migration uses.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{table}\" (id, type, content, occurred_on_utc) VALUES \
+         (gen_random_uuid(), 't', '{{}}', '2024-01-01T00:00:00Z'), \
+         (gen_random_uuid(), 't', '{{}}', '2024-01-01T00:00:00Z')"
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let failed = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE UNIQUE INDEX CONCURRENTLY \"{table}_pending_idx\" ON \"{table}\" (occurred_on_utc)"
+    )))
+    .execute(&mut conn)
+    .await;
+    assert!(
+        failed.is_err(),
+        "the unique build should fail on duplicates"
+    );
+    assert!(
+        !index_is_valid(&mut conn, &table).await,
+        "precondition: the index is INVALID"
+    );
+
+    let relay = sample_relay("orders", spec_for_table(&table));
+    let (ctx, handle) = mock_context(Settings::default());
+    let mut script = secret_steps();
+    script.push(Step::write(
+        Method::POST,
+        "/apis/events.k8s.io/v1/namespaces/shop/events",
+        |body| {
+            assert_eq!(body["reason"], "InvalidIndexRebuilt");
+            assert_eq!(body["type"], "Warning");
+            assert!(body["note"].as_str().unwrap().contains("INVALID"), "{body}");
+        },
+    ));
+    script.push(Step::get(
+        DEPLOYMENT,
+        Reply::not_found("deployments.apps", "orders"),
+    ));
+    script.push(apply_deployment(|_| {}));
+    script.push(Step::event(NS, "DeploymentCreated"));
+    script.push(patch_status(|body| {
+        let status = sent_status(body);
+        assert_eq!(
+            condition(&status, INDEX_READY),
+            pair("True", "InvalidIndexRebuilt")
+        );
+    }));
+    let server = serve(handle, script);
+
+    reconcile(relay.into(), ctx).await.unwrap();
+    finish(server).await;
+    assert!(
+        index_is_valid(&mut conn, &table).await,
+        "the index was rebuilt valid"
+    );
+}
+
+#[tokio::test]
+async fn unreachable_database_degrades_the_relay() {
+    let relay = sample_relay("orders", spec_for_table("outbox_messages"));
+    let (ctx, handle) = mock_context(Settings::default());
+    let unreachable = serde_json::to_value(secret(
+        "orders-db",
+        "url",
+        &format!("postgres://postgres:{LEAK_CANARY}@127.0.0.1:1/test"),
+    ))
+    .unwrap();
+    let script = vec![
+        Step::get(format!("{SECRETS}/orders-db"), Reply::ok(unreachable)),
+        Step::get(format!("{SECRETS}/orders-amqp"), Reply::ok(amqp_secret())),
+        patch_status(|body| {
+            let status = sent_status(body);
+            assert_eq!(
+                condition(&status, DEGRADED),
+                pair("True", "DatabaseUnreachable")
+            );
+            assert_eq!(
+                condition(&status, READY),
+                pair("False", "DatabaseUnreachable")
+            );
+            assert_eq!(
+                condition(&status, INDEX_READY),
+                pair("False", "DatabaseUnreachable")
+            );
+            let degraded = conditions::find(&status.conditions, DEGRADED).unwrap();
+            assert!(
+                degraded.message.contains("127.0.0.1:1"),
+                "{}",
+                degraded.message
+            );
+        }),
+        Step::write(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/shop/events",
+            |body| {
+                assert_eq!(body["reason"], "DatabaseUnreachable");
+                assert_eq!(body["type"], "Warning");
+            },
+        ),
+    ];
+    let server = serve(handle, script);
+
+    let error = reconcile(relay.into(), ctx).await.unwrap_err();
+    assert!(matches!(error, Error::DatabaseUnreachable(_)), "{error:?}");
+    assert!(!error.to_string().contains(LEAK_CANARY), "{error}");
+    let seen = finish(server).await;
+    assert_no_secret_leaked(&seen);
+}
+
+#[tokio::test]
+async fn busy_migration_lock_does_not_block_the_reconcile() {
+    let table = create_outbox_table().await;
+    // Hold the lock the migration takes, as a concurrent `outbox-relay migrate` would.
+    let mut holder = connect().await;
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+        .bind(format!("outbox-relay:migrate:\"{table}\""))
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    assert!(locked);
+
+    let relay = sample_relay("orders", spec_for_table(&table));
+    let (ctx, handle) = mock_context(Settings::default());
+    let mut script = secret_steps();
+    script.push(Step::get(
+        DEPLOYMENT,
+        Reply::not_found("deployments.apps", "orders"),
+    ));
+    script.push(apply_deployment(|_| {}));
+    script.push(Step::event(NS, "DeploymentCreated"));
+    script.push(patch_status(|body| {
+        let status = sent_status(body);
+        assert_eq!(
+            condition(&status, INDEX_READY),
+            pair("Unknown", "MigrationInProgress")
+        );
+        assert_eq!(condition(&status, READY), pair("False", "MigrationPending"));
+    }));
+    let server = serve(handle, script);
+
+    let action = reconcile(relay.into(), ctx).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(5)));
+    finish(server).await;
+}
+
+#[test]
+fn a_deployment_status_round_trips() {
+    // Guards the fixtures: what `served` writes must read back as a DeploymentStatus.
+    let value = served(
+        json!({"metadata": {}, "spec": {"selector": {}, "template": {}}}),
+        3,
+        1,
+        2,
+    );
+    let deployment: Deployment = serde_json::from_value(value).unwrap();
+    assert_eq!(
+        deployment.status,
+        Some(DeploymentStatus {
+            observed_generation: Some(3),
+            replicas: Some(2),
+            ready_replicas: Some(1),
+            updated_replicas: Some(2),
+            ..Default::default()
+        })
+    );
+}
