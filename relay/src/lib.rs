@@ -6,6 +6,7 @@
 pub mod backoff;
 pub mod batch;
 pub mod config;
+pub mod consume;
 pub mod http;
 pub mod ident;
 pub mod inspect;

@@ -6,14 +6,15 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use outbox_relay::config::{
-    ConfigError, LogFormat, RunArgs, TableArgs, TableConfig, parse_duration,
+    ConfigError, ExchangeType, LogFormat, RunArgs, TableArgs, TableConfig, parse_duration,
 };
 use outbox_relay::inspect::{InspectError, inspect};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::migrate::{MigrateError, MigrationOptions, migrate};
 use outbox_relay::reports::{DEFAULT_BACKLOG_CAP, measure_backlog};
+use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::sql::Statements;
-use outbox_relay::{relay, seed};
+use outbox_relay::{consume, relay, seed};
 use sqlx::{Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 
@@ -38,6 +39,45 @@ enum Command {
     Lag(LagArgs),
     /// Insert test rows: bulk with COPY, or steadily with --rate.
     Seed(SeedArgs),
+    /// Count messages arriving on a queue bound to the exchange (for demos and benchmarks).
+    Consume(ConsumeArgs),
+}
+
+#[derive(clap::Args)]
+struct ConsumeArgs {
+    /// RabbitMQ URL.
+    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
+    amqp_url: Option<String>,
+    /// Exchange to bind to (declared durable if missing).
+    #[arg(long, default_value = "outbox")]
+    exchange: String,
+    /// Exchange type used when declaring it: fanout, topic, direct or headers.
+    #[arg(long, default_value = "fanout")]
+    exchange_type: String,
+    /// Durable queue to declare, bind and drain. Default: <exchange>.consumer.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Binding key ("#" suits a topic exchange).
+    #[arg(long, default_value = "")]
+    binding_key: String,
+    /// Stop after this many messages.
+    #[arg(long)]
+    expect: Option<u64>,
+    /// Stop when nothing arrived for this long, e.g. 30s.
+    #[arg(long, default_value = "30s")]
+    idle_timeout: String,
+    /// Only declare the exchange, queue and binding, then exit.
+    #[arg(long)]
+    setup_only: bool,
+    /// Delete the queue first, so messages left from an earlier run are not counted.
+    #[arg(long)]
+    fresh: bool,
+    /// Count distinct message ids too.
+    #[arg(long)]
+    distinct: bool,
+    /// Hide the progress line.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(clap::Args)]
@@ -125,6 +165,7 @@ async fn main() -> ExitCode {
         Command::Migrate(args) => migrate_command(args).await,
         Command::Lag(args) => lag(args).await,
         Command::Seed(args) => seed_command(args).await,
+        Command::Consume(args) => consume_command(args).await,
     }
 }
 
@@ -330,5 +371,103 @@ async fn seed_command(args: SeedArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => failure(e),
+    }
+}
+
+async fn consume_command(args: ConsumeArgs) -> ExitCode {
+    let Some(url_text) = args.amqp_url.as_deref() else {
+        return usage_error(ConfigError::new(
+            "amqp-url",
+            "is missing; pass --amqp-url or set AMQP_URL",
+        ));
+    };
+    let url = match SecretUrl::parse(url_text, UrlKind::Amqp) {
+        Ok(url) => url,
+        Err(e) => return usage_error(ConfigError::new("amqp-url", e.to_string())),
+    };
+    let Some(kind) = ExchangeType::parse(&args.exchange_type) else {
+        return usage_error(ConfigError::new(
+            "exchange-type",
+            "use fanout, topic, direct or headers",
+        ));
+    };
+    let idle = match parse_duration("idle-timeout", Some(args.idle_timeout.clone()), "30s") {
+        Ok(idle) => idle,
+        Err(e) => return usage_error(e),
+    };
+    let queue = args
+        .queue
+        .clone()
+        .unwrap_or_else(|| format!("{}.consumer", args.exchange));
+    let topology = consume::Topology {
+        exchange: &args.exchange,
+        kind,
+        queue: &queue,
+        binding_key: &args.binding_key,
+    };
+    if args.setup_only {
+        let result = async {
+            let connection =
+                lapin::Connection::connect(url.expose(), lapin::ConnectionProperties::default())
+                    .await?;
+            let channel = connection.create_channel().await?;
+            if args.fresh {
+                channel
+                    .queue_delete(
+                        queue.as_str().into(),
+                        lapin::options::QueueDeleteOptions::default(),
+                    )
+                    .await?;
+            }
+            consume::declare(&channel, &topology).await?;
+            connection.close(200, "done".into()).await
+        }
+        .await;
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => failure(format!("cannot declare on {url}: {e}")),
+        };
+    }
+    let bar = match (args.quiet, args.expect) {
+        (true, _) => ProgressBar::hidden(),
+        (false, Some(n)) => ProgressBar::new(n),
+        (false, None) => ProgressBar::new_spinner(),
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} consumed [{bar:40}] {pos}/{len} messages ({per_sec}, eta {eta})",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
+    );
+    let result = consume::consume(&url, &topology, args.expect, idle, args.distinct, |n| {
+        if n.is_multiple_of(1000) {
+            bar.set_position(n)
+        }
+    })
+    .await;
+    bar.finish_and_clear();
+    match result {
+        Ok(summary) => {
+            let secs = summary.elapsed.as_secs_f64().max(1e-9);
+            println!(
+                "received {} messages in {:.1} s ({:.0} msg/s){}",
+                summary.received,
+                secs,
+                summary.received as f64 / secs,
+                summary
+                    .distinct
+                    .map(|d| format!(", {d} distinct ids"))
+                    .unwrap_or_default()
+            );
+            if args.expect.is_some_and(|n| summary.received < n) {
+                return failure(format!(
+                    "expected {} messages, nothing more arrived for {idle:?}",
+                    args.expect.unwrap_or(0)
+                ));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => failure(format!("consuming from {url}: {e}")),
     }
 }
