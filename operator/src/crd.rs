@@ -27,6 +27,8 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
 
 /// Desired state of an outbox relay: where the outbox table is, where messages go, how the
 /// relay pods run and how many of them there are.
+// Printer columns repeat `type_ = "integer"`, which clippy mistakes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "outboxrelay.io",

@@ -13,11 +13,15 @@ pub mod crdgen;
 pub mod deployment;
 pub mod error;
 pub mod events;
+pub mod leader;
 pub mod metrics;
 pub mod migration;
 pub mod replicas;
+pub mod run;
 pub mod secrets;
+pub mod server;
 pub mod status;
+pub mod telemetry;
 pub mod validation;
 
 pub use controller::{Context, Settings, error_policy, reconcile};

@@ -1,3 +1,113 @@
-fn main() {
-    print!("{}", outbox_operator::crdgen::crd_yaml());
+//! `outbox-operator`: `run` the controller, or print the `crd`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser, Subcommand};
+use outbox_operator::controller::Settings;
+use outbox_operator::deployment::BuildSettings;
+use outbox_operator::run::{RunOptions, run};
+use outbox_operator::telemetry::{self, LogFormat};
+
+#[derive(Parser)]
+#[command(
+    name = "outbox-operator",
+    version,
+    about = "Kubernetes operator for outbox relays"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reconcile OutboxRelay resources until SIGTERM.
+    Run(RunArgs),
+    /// Print the OutboxRelay CustomResourceDefinition as YAML.
+    Crd,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Namespace to watch; repeat for several. Default: all namespaces.
+    #[arg(
+        long = "namespace",
+        value_name = "NS",
+        env = "OUTBOX_OPERATOR_NAMESPACES",
+        value_delimiter = ','
+    )]
+    namespaces: Vec<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(
+        long,
+        default_value = "0.0.0.0:8080",
+        env = "OUTBOX_OPERATOR_METRICS_ADDR"
+    )]
+    metrics_addr: SocketAddr,
+    /// text or json.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "json",
+        env = "OUTBOX_OPERATOR_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
+    /// Elect one active replica through a coordination/v1 Lease.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, env = "OUTBOX_OPERATOR_LEADER_ELECTION")]
+    leader_election: bool,
+    /// Namespace of the Lease. Default: the operator's own namespace.
+    #[arg(long, env = "OUTBOX_OPERATOR_LEADER_ELECTION_NAMESPACE")]
+    leader_election_namespace: Option<String>,
+    /// Name of the Lease.
+    #[arg(
+        long,
+        default_value = "outbox-relay-operator",
+        env = "OUTBOX_OPERATOR_LEASE_NAME"
+    )]
+    lease_name: String,
+    /// Relay image for OutboxRelays that name none. Default: this operator's own image.
+    #[arg(long, env = "OUTBOX_OPERATOR_RELAY_IMAGE")]
+    relay_image: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    match execute(Cli::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}` gives the whole cause chain on one line, without a backtrace dump.
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn execute(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Crd => {
+            print!("{}", outbox_operator::crdgen::crd_yaml());
+            Ok(())
+        }
+        Command::Run(args) => {
+            telemetry::init(args.log_format);
+            let mut build = BuildSettings::default();
+            if let Some(image) = args.relay_image {
+                build.default_image = image;
+            }
+            run(RunOptions {
+                namespaces: args.namespaces,
+                metrics_addr: args.metrics_addr,
+                leader_election: args.leader_election,
+                leader_election_namespace: args.leader_election_namespace,
+                lease_name: args.lease_name,
+                settings: Settings {
+                    build,
+                    resync_after: Duration::from_secs(300),
+                    ..Settings::default()
+                },
+            })
+            .await
+        }
+    }
 }

@@ -1,0 +1,244 @@
+//! `outbox-operator run`: the HTTP endpoints, leader election, and one controller per watched
+//! namespace, until SIGTERM. Losing the lease stops the controllers and goes back to
+//! campaigning, so a partitioned replica never reconciles next to the new leader.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use tokio::sync::Notify;
+
+use crate::controller::{Context, Settings, run_controller};
+use crate::leader::{LeaseSettings, release, try_acquire_or_renew};
+use crate::metrics::Metrics;
+use crate::server::{ServerState, serve};
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Namespaces to watch; empty means all.
+    pub namespaces: Vec<String>,
+    pub metrics_addr: SocketAddr,
+    pub leader_election: bool,
+    /// Namespace of the Lease; default: the client's namespace (the pod's own).
+    pub leader_election_namespace: Option<String>,
+    pub lease_name: String,
+    pub settings: Settings,
+}
+
+/// A one-way "stop" flag that any number of futures can wait on.
+#[derive(Default)]
+struct StopSignal {
+    stopped: AtomicBool,
+    notify: Notify,
+}
+
+impl StopSignal {
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    async fn wait(self: Arc<Self>) {
+        loop {
+            let notified = self.notify.notified();
+            if self.is_stopped() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+pub async fn run(options: RunOptions) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let state = ServerState {
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+    };
+    let addr = options.metrics_addr;
+    tokio::spawn(async move {
+        if let Err(error) = serve(addr, state).await {
+            tracing::error!(%error, %addr, "the metrics and health server stopped");
+        }
+    });
+
+    let client = Client::try_default()
+        .await
+        .context("no Kubernetes configuration found (in-cluster or kubeconfig)")?;
+    client
+        .apiserver_version()
+        .await
+        .context("the Kubernetes API server did not answer")?;
+    ready.store(true, Ordering::Relaxed);
+
+    let shutdown = Arc::new(StopSignal::default());
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            wait_for_signal().await;
+            tracing::info!("shutting down");
+            shutdown.stop();
+        }
+    });
+
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        metrics,
+        options.settings.clone(),
+    ));
+    if !options.leader_election {
+        run_controllers(ctx, &options.namespaces, shutdown.clone()).await;
+        return Ok(());
+    }
+
+    let lease_namespace = options
+        .leader_election_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_namespace);
+    let identity = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("outbox-operator-{}", std::process::id()));
+    let lease = LeaseSettings::new(options.lease_name.clone(), identity);
+
+    while !shutdown.is_stopped() {
+        if !campaign(&leases, &lease, &shutdown).await {
+            break;
+        }
+        tracing::info!(lease = %lease.name, identity = %lease.identity, "became the leader");
+        let lost = Arc::new(StopSignal::default());
+        let renewer = tokio::spawn(keep_renewing(
+            leases.clone(),
+            lease.clone(),
+            lost.clone(),
+            shutdown.clone(),
+        ));
+        let either = Arc::new(StopSignal::default());
+        let stop_forwarder = {
+            let (either, lost, shutdown) = (either.clone(), lost.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = lost.wait() => {},
+                    _ = shutdown.wait() => {},
+                }
+                either.stop();
+            })
+        };
+        run_controllers(ctx.clone(), &options.namespaces, either).await;
+        renewer.abort();
+        stop_forwarder.abort();
+        if lost.is_stopped() && !shutdown.is_stopped() {
+            tracing::warn!("lost the lease; stopped reconciling and campaigning again");
+        }
+    }
+    if let Err(error) = release(&leases, &lease).await {
+        tracing::warn!(%error, "could not release the lease");
+    }
+    Ok(())
+}
+
+/// Tries for the lease until won (true) or shut down (false).
+async fn campaign(leases: &Api<Lease>, lease: &LeaseSettings, shutdown: &Arc<StopSignal>) -> bool {
+    loop {
+        match try_acquire_or_renew(leases, lease).await {
+            Ok(true) => return true,
+            Ok(false) => tracing::debug!("another replica leads; waiting"),
+            Err(error) => tracing::warn!(%error, "leader election failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(lease.retry_period) => {},
+            _ = shutdown.clone().wait() => return false,
+        }
+    }
+}
+
+/// Renews until a renewal is refused, or none succeeded for a whole lease duration; then
+/// signals `lost`.
+async fn keep_renewing(
+    leases: Api<Lease>,
+    lease: LeaseSettings,
+    lost: Arc<StopSignal>,
+    shutdown: Arc<StopSignal>,
+) {
+    let mut last_renewal = tokio::time::Instant::now();
+    while !shutdown.is_stopped() {
+        tokio::time::sleep(lease.retry_period).await;
+        match try_acquire_or_renew(&leases, &lease).await {
+            Ok(true) => last_renewal = tokio::time::Instant::now(),
+            Ok(false) => break,
+            Err(error) => {
+                tracing::warn!(%error, "could not renew the lease");
+                // Stop before the lease can expire under us and another replica starts.
+                if last_renewal.elapsed() + lease.retry_period >= lease.lease_duration {
+                    break;
+                }
+            }
+        }
+    }
+    lost.stop();
+}
+
+async fn run_controllers(ctx: Arc<Context>, namespaces: &[String], stop: Arc<StopSignal>) {
+    let targets: Vec<Option<String>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().cloned().map(Some).collect()
+    };
+    let controllers = targets
+        .into_iter()
+        .map(|namespace| run_controller(ctx.clone(), namespace, stop.clone().wait()));
+    futures::future::join_all(controllers).await;
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_waiter_sees_the_stop() {
+        let signal = Arc::new(StopSignal::default());
+        let waiters: Vec<_> = (0..3)
+            .map(|_| tokio::spawn(signal.clone().wait()))
+            .collect();
+        tokio::task::yield_now().await;
+        signal.stop();
+        for waiter in waiters {
+            tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        // A late waiter returns at once.
+        signal.clone().wait().await;
+    }
+}
