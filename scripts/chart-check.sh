@@ -329,12 +329,13 @@ def check_deployment_common(prefix, docs, image):
         return ", ".join(problems) or True
 
     attempt(f"{prefix}: security context meets the restricted Pod Security Standard", restricted)
-    attempt(f"{prefix}: relay pods default to the operator's image (OUTBOX_RELAY_IMAGE)",
-            lambda: any(e.get("name") == "OUTBOX_RELAY_IMAGE" and e.get("value") == c["image"]
+    attempt(f"{prefix}: relay pods default to the operator's image (OUTBOX_OPERATOR_RELAY_IMAGE)",
+            lambda: any(e.get("name") == "OUTBOX_OPERATOR_RELAY_IMAGE" and e.get("value") == c["image"]
                         for e in c.get("env", [])) or c.get("env"))
     attempt(f"{prefix}: the ServiceAccount the pod uses exists",
             lambda: pod["serviceAccountName"] in [s["metadata"]["name"] for s in by_kind(docs, "ServiceAccount")]
             or pod["serviceAccountName"])
+    check_operator_cli(prefix, docs)
     svc = one(docs, "Service")
     attempt(f"{prefix}: the metrics Service selects the operator pods on port metrics",
             lambda: (all(d["spec"]["template"]["metadata"]["labels"].get(k) == v
@@ -351,6 +352,37 @@ def check_leases(prefix, docs, namespace):
             (roles and expect_rules(roles[0], LEASE_RULES)) or "missing")
 
 
+def operator_cli():
+    """Long flags and environment variables of `outbox-operator run`, read from the clap
+    definitions in operator/src/main.rs, so the manifests cannot pass a flag it does not know."""
+    src = open(os.path.join(ROOT, "operator/src/main.rs")).read()
+    m = re.search(r"struct RunArgs \{(.*?)\n\}", src, re.S)
+    assert m, "operator/src/main.rs has no `struct RunArgs`"
+    flags, envs = set(), set()
+    for attrs, field in re.findall(r"#\[arg\((.*?)\)\]\s*(?:///[^\n]*\s*)*(?:pub\s+)?([a-z_]+):", m.group(1), re.S):
+        if not re.search(r"\blong\b", attrs):
+            continue
+        named = re.search(r'long\s*=\s*"([^"]+)"', attrs)
+        flags.add(named.group(1) if named else field.replace("_", "-"))
+        env = re.search(r'env\s*=\s*"([^"]+)"', attrs)
+        if env:
+            envs.add(env.group(1))
+    return flags, envs
+
+
+def check_operator_cli(prefix, docs):
+    def ok():
+        flags, envs = operator_cli()
+        c = container(one(docs, "Deployment"))
+        args = c["args"]
+        assert args[0] == "run", f"first argument {args[0]!r}, not run"
+        unknown = [a for a in args[1:] if a.startswith("--") and a[2:].split("=", 1)[0] not in flags]
+        unknown += [e["name"] for e in c.get("env", []) if e["name"].startswith("OUTBOX_OPERATOR_") and e["name"] not in envs]
+        return not unknown or f"not defined by `outbox-operator run` in operator/src/main.rs: {unknown} (known flags {sorted(flags)}, env {sorted(envs)})"
+
+    attempt(f"{prefix}: every flag and OUTBOX_OPERATOR_* variable is one `outbox-operator run` defines", ok)
+
+
 def chart_default(path):
     p = "chart, default values"
     docs = load(path)
@@ -358,8 +390,9 @@ def chart_default(path):
     attempt(f"{p}: renders exactly Deployment, Service, ServiceAccount, ClusterRole(Binding)",
             lambda: kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"] or kinds)
     d, c = check_deployment_common(p, docs, IMAGE)
-    attempt(f"{p}: one replica, --leader-election=false, no --namespace",
+    attempt(f"{p}: one replica, --leader-election=false, no --namespace, Recreate on update",
             lambda: (d["spec"]["replicas"] == 1 and "--leader-election=false" in c["args"]
+                     and d["spec"]["strategy"]["type"] == "Recreate"
                      and not any(a.startswith("--namespace") for a in c["args"])) or c["args"])
     attempt(f"{p}: ClusterRole has exactly the contract's rules",
             lambda: expect_rules(one(docs, "ClusterRole"), NAMESPACED_RULES))
