@@ -183,9 +183,15 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         &ctx.settings.build,
     );
 
-    // 5. Apply, unless the live Deployment already carries this exact build
+    // 5. Apply, unless the live Deployment already carries this exact build. Replicas are
+    // compared too: `kubectl scale deployment` changes them without touching the hash.
     let observed = match live {
-        Some(live) if spec_hash(&live) == spec_hash(&desired) => live,
+        Some(live)
+            if spec_hash(&live) == spec_hash(&desired)
+                && live.spec.replicas == desired.spec.replicas =>
+        {
+            live
+        }
         live => {
             let applied = deployments
                 .patch(

@@ -66,6 +66,13 @@ impl Error {
             Error::DatabaseUnreachable(_) => Some("DatabaseUnreachable"),
             Error::MigrationFailed(_) => Some("MigrationFailed"),
             Error::MissingNamespace => Some("InvalidSpec"),
+            // The API server refused the Deployment itself: something in the spec (a label,
+            // a toleration, a resource quantity) is not valid there. The user must fix it.
+            Error::ApplyDeployment(kube::Error::Api(status))
+                if status.is_invalid() || status.code == 400 =>
+            {
+                Some("DeploymentRejected")
+            }
             Error::ReadSecret(_)
             | Error::ObserveDeployment(_)
             | Error::ApplyDeployment(_)

@@ -220,6 +220,73 @@ async fn unchanged_relay_causes_no_writes() {
 }
 
 #[tokio::test]
+async fn replicas_changed_behind_our_back_are_restored() {
+    let table = create_outbox_table().await;
+    let (relay, mut live, fingerprint) = settled_relay(&table, 1);
+    live["spec"]["replicas"] = json!(3);
+    let (ctx, handle) = mock_context(Settings::default());
+    ctx.migrations.remember(MigrationKey {
+        relay_uid: "uid-orders".into(),
+        generation: 1,
+        secrets_fingerprint: fingerprint,
+    });
+    let mut script = secret_steps();
+    script.push(Step::get(DEPLOYMENT, Reply::ok(live)));
+    script.push(Step::new(Method::PATCH, DEPLOYMENT, |body| {
+        assert_eq!(body["spec"]["replicas"], 1);
+        Reply::ok(served(body.clone(), 1, 1, 1))
+    }));
+    script.push(Step::event(NS, "DeploymentUpdated"));
+    let server = serve(handle, script);
+
+    reconcile(relay.into(), ctx).await.unwrap();
+    finish(server).await;
+}
+
+#[tokio::test]
+async fn a_deployment_the_api_server_refuses_is_reported() {
+    let table = create_outbox_table().await;
+    let mut relay = sample_relay("orders", spec_for_table(&table));
+    relay
+        .spec
+        .relay
+        .pod_labels
+        .insert("bad label!".into(), "x".into());
+    let (ctx, handle) = mock_context(Settings::default());
+    let mut script = secret_steps();
+    script.push(Step::event(NS, "IndexCreated"));
+    script.push(Step::get(
+        DEPLOYMENT,
+        Reply::not_found("deployments.apps", "orders"),
+    ));
+    script.push(Step::new(Method::PATCH, DEPLOYMENT, |_| Reply {
+        status: http::StatusCode::UNPROCESSABLE_ENTITY,
+        body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "reason": "Invalid", "code": 422,
+            "message": "Deployment.apps \"orders\" is invalid: spec.template.metadata.labels: Invalid value: \"bad label!\""}),
+    }));
+    script.push(patch_status(|body| {
+        let status = sent_status(body);
+        assert_eq!(
+            condition(&status, READY),
+            pair("False", "DeploymentRejected")
+        );
+        assert_eq!(
+            condition(&status, DEGRADED),
+            pair("True", "DeploymentRejected")
+        );
+        let ready = conditions::find(&status.conditions, READY).unwrap();
+        assert!(ready.message.contains("bad label!"), "{}", ready.message);
+    }));
+    script.push(Step::event(NS, "DeploymentRejected"));
+    let server = serve(handle, script);
+
+    let error = reconcile(relay.into(), ctx).await.unwrap_err();
+    assert_eq!(error.metric_label(), "apply_deployment");
+    finish(server).await;
+}
+
+#[tokio::test]
 async fn missing_secret_is_reported_without_a_deployment() {
     let relay = sample_relay("orders", spec_for_table("outbox_messages"));
     let (ctx, handle) = mock_context(Settings::default());
