@@ -22,3 +22,4 @@ pub mod seed;
 pub mod sql;
 pub mod table;
 pub mod worker;
+pub mod database;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use sqlx::{Connection, PgConnection};
+use sqlx::Connection;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -50,7 +50,7 @@ async fn inspect_with_retry(
     let mut backoff = Backoff::default();
     loop {
         let attempt = async {
-            let mut conn = PgConnection::connect(config.db.database_url.expose())
+            let mut conn = crate::database::connect(&config.db.database_url)
                 .await
                 .map_err(InspectError::Database)?;
             let shape = inspect(&mut conn, &config.db.table).await;

@@ -57,7 +57,7 @@ pub async fn run_reporter(ctx: ReporterContext) {
         (last_total, last_at) = (total, Instant::now());
 
         if session.is_none() {
-            match PgConnection::connect(ctx.database_url.expose()).await {
+            match crate::database::connect(&ctx.database_url).await {
                 Ok(conn) => {
                     session = Some(Session {
                         conn,

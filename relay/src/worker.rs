@@ -74,7 +74,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
 
     while !ctx.shutdown.is_cancelled() {
         if db.is_none() {
-            match PgConnection::connect(ctx.database_url.expose()).await {
+            match crate::database::connect(&ctx.database_url).await {
                 Ok(conn) => {
                     if db_backoff.failures() > 0 {
                         info!(worker, "reconnected to PostgreSQL");
