@@ -1,8 +1,11 @@
 //! The reconciler: a pipeline of small steps, each failing with its own [`Error`] variant.
 //!
-//! dereference Secrets → validate → migrate (once per generation) → decide replicas → build the
-//! Deployment (pure) → server-side apply it (only when it changed) → status (server-side apply,
-//! only when it changed) → requeue.
+//! dereference Secrets → validate → migrate (once per generation) → observe the Deployment →
+//! decide the replicas → build the Deployment (pure) → server-side apply it (only when it
+//! changed) → status (server-side apply, only when it changed) → requeue.
+//!
+//! The replicas are decided before the build, so scaling and the template change are one
+//! apply rather than two writes.
 //!
 //! A failure the user can act on (missing Secret, bad spec, unreachable database) becomes
 //! Ready=False and Degraded=True with the error's reason, a Warning event, and a retry with
@@ -174,7 +177,7 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         .get_opt(&name)
         .await
         .map_err(Error::ObserveDeployment)?;
-    let replicas = decide_replicas(&relay.spec, live.as_ref());
+    let replicas = decide(relay, live.as_ref()).await?;
     let desired = build_deployment(
         relay,
         &plan,
@@ -239,6 +242,17 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         (_, Some(scaling)) => Action::requeue(scaling.polling_interval),
         (_, None) => Action::requeue(ctx.settings.resync_after),
     })
+}
+
+/// Observe and decide the replicas. Today: `spec.replicas`, or what runs within the scaling
+/// bounds. The autoscaler replaces the body: read the lag reports (or measure the backlog with
+/// the relay crate while no pod runs), then call the pure `recommend(history, now, observation,
+/// spec)`, keeping its history in the [`Context`]. It may fail with its own [`Error`] variant.
+async fn decide(
+    relay: &OutboxRelay,
+    live: Option<&Deployment>,
+) -> Result<crate::replicas::ReplicaDecision, Error> {
+    Ok(decide_replicas(&relay.spec, live))
 }
 
 async fn announce_migration(relay: &OutboxRelay, ctx: &Context, migration: &MigrationOutcome) {
@@ -395,6 +409,34 @@ mod tests {
             .collect();
         assert_eq!(delays, vec![5, 10, 20, 40, 80, 160, 300, 300, 300]);
         assert_eq!(backoff_delay(u32::MAX, base, max), max);
+    }
+
+    #[test]
+    fn a_secret_maps_to_the_relays_that_use_it() {
+        use crate::test_support::{sample_relay, sample_spec};
+        use kube::runtime::{reflector, watcher};
+
+        let (store, mut writer) = reflector::store::<OutboxRelay>();
+        let orders = sample_relay("orders", sample_spec());
+        let mut billing = sample_relay("billing", sample_spec());
+        billing.spec.database.url_secret_ref.name = "billing-db".into();
+        let mut elsewhere = sample_relay("orders-copy", sample_spec());
+        elsewhere.metadata.namespace = Some("other".into());
+        for relay in [&orders, &billing, &elsewhere] {
+            writer.apply_watcher_event(&watcher::Event::Apply(relay.clone()));
+        }
+        let names = |secret: &str| {
+            let mut names: Vec<String> = relays_referencing(&store, Some("shop"), secret)
+                .into_iter()
+                .map(|r| r.name)
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names("orders-db"), vec!["orders"]);
+        assert_eq!(names("orders-amqp"), vec!["billing", "orders"]);
+        assert_eq!(names("billing-db"), vec!["billing"]);
+        assert!(names("unrelated").is_empty());
     }
 
     #[test]

@@ -558,3 +558,71 @@ fn a_deployment_status_round_trips() {
         })
     );
 }
+
+#[tokio::test]
+async fn secret_problems_name_the_secret_but_never_its_value() {
+    let relay = sample_relay("orders", spec_for_table("outbox_messages"));
+    for (db, reason) in [
+        (
+            secret("orders-db", "dsn", &database_url_with_canary()),
+            "SecretKeyMissing",
+        ),
+        (
+            secret("orders-db", "url", &format!("mysql://u:{LEAK_CANARY}@h/db")),
+            "SecretValueInvalid",
+        ),
+    ] {
+        let (ctx, handle) = mock_context(Settings::default());
+        let script = vec![
+            Step::get(
+                format!("{SECRETS}/orders-db"),
+                Reply::ok(serde_json::to_value(db).unwrap()),
+            ),
+            Step::get(format!("{SECRETS}/orders-amqp"), Reply::ok(amqp_secret())),
+            patch_status(move |body| {
+                let status = sent_status(body);
+                assert_eq!(condition(&status, READY), pair("False", reason));
+                let ready = conditions::find(&status.conditions, READY).unwrap();
+                assert!(ready.message.contains("orders-db"), "{}", ready.message);
+            }),
+            Step::event(NS, reason),
+        ];
+        let server = serve(handle, script);
+        let error = reconcile(relay.clone().into(), ctx).await.unwrap_err();
+        assert_eq!(error.user_facing_reason(), Some(reason));
+        let seen = finish(server).await;
+        assert_no_secret_leaked(&seen);
+    }
+}
+
+#[tokio::test]
+async fn a_missing_table_fails_the_migration_with_the_spec_field() {
+    let missing = format!("obr_missing_{}", uuid::Uuid::new_v4().simple());
+    let relay = sample_relay("orders", spec_for_table(&missing));
+    let (ctx, handle) = mock_context(Settings::default());
+    let mut script = secret_steps();
+    script.push(patch_status(|body| {
+        let status = sent_status(body);
+        assert_eq!(
+            condition(&status, INDEX_READY),
+            pair("False", "MigrationFailed")
+        );
+        assert_eq!(
+            condition(&status, DEGRADED),
+            pair("True", "MigrationFailed")
+        );
+        let degraded = conditions::find(&status.conditions, DEGRADED).unwrap();
+        assert!(
+            degraded.message.contains("spec.database.table")
+                && degraded.message.contains("does not exist"),
+            "{}",
+            degraded.message
+        );
+    }));
+    script.push(Step::event(NS, "MigrationFailed"));
+    let server = serve(handle, script);
+
+    let error = reconcile(relay.into(), ctx).await.unwrap_err();
+    assert_eq!(error.metric_label(), "migration_failed");
+    finish(server).await;
+}
