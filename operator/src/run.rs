@@ -22,7 +22,7 @@ pub struct RunOptions {
     pub namespaces: Vec<String>,
     pub metrics_addr: SocketAddr,
     pub leader_election: bool,
-    /// Namespace of the Lease; default: the client's namespace (the pod's own).
+    /// Namespace of the Lease; default: $POD_NAMESPACE, else the client's namespace.
     pub leader_election_namespace: Option<String>,
     pub lease_name: String,
     pub settings: Settings,
@@ -102,6 +102,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     let lease_namespace = options
         .leader_election_namespace
         .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok())
         .unwrap_or_else(|| client.default_namespace().to_string());
     let leases: Api<Lease> = Api::namespaced(client.clone(), &lease_namespace);
     let identity = std::env::var("POD_NAME")
