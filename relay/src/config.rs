@@ -650,7 +650,8 @@ mod tests {
 
     #[test]
     fn bad_values_name_their_option() {
-        let cases: Vec<(Box<dyn Fn(&mut RunArgs)>, &str)> = vec![
+        type Mutation = Box<dyn Fn(&mut RunArgs)>;
+        let cases: Vec<(Mutation, &str)> = vec![
             (
                 Box::new(|a| a.table.table = Some("outbox; drop table x".into())),
                 "table",

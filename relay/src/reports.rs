@@ -119,32 +119,45 @@ pub async fn read_reports(
     .bind(max_age_seconds * 10.0)
     .execute(&mut *conn)
     .await?;
-    let rows: Vec<(String, String, DateTime<Utc>, Option<i64>, bool, Option<f64>, i64, f64)> =
-        sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT relay, pod, reported_at, backlog, backlog_capped, oldest_age_seconds, published_total, publish_rate \
-             FROM {t} WHERE relay = $1 AND reported_at >= now() - make_interval(secs => $2) ORDER BY reported_at DESC"
-        )))
-        .bind(relay)
-        .bind(max_age_seconds)
-        .fetch_all(&mut *conn)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(relay, pod, reported_at, backlog, capped, oldest, total, rate)| Report {
-                relay,
-                pod,
-                reported_at,
-                backlog: backlog.map(|pending| Backlog {
-                    pending,
-                    capped,
-                    oldest_age_seconds: oldest,
-                }),
-                published_total: total,
-                publish_rate: rate,
-            },
-        )
-        .collect())
+    let rows: Vec<ReportRow> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT relay, pod, reported_at, backlog, backlog_capped, oldest_age_seconds, published_total, publish_rate \
+         FROM {t} WHERE relay = $1 AND reported_at >= now() - make_interval(secs => $2) ORDER BY reported_at DESC"
+    )))
+    .bind(relay)
+    .bind(max_age_seconds)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows.into_iter().map(Report::from).collect())
+}
+
+/// A row of the report table as stored.
+#[derive(sqlx::FromRow)]
+struct ReportRow {
+    relay: String,
+    pod: String,
+    reported_at: DateTime<Utc>,
+    backlog: Option<i64>,
+    backlog_capped: bool,
+    oldest_age_seconds: Option<f64>,
+    published_total: i64,
+    publish_rate: f64,
+}
+
+impl From<ReportRow> for Report {
+    fn from(row: ReportRow) -> Self {
+        Report {
+            backlog: row.backlog.map(|pending| Backlog {
+                pending,
+                capped: row.backlog_capped,
+                oldest_age_seconds: row.oldest_age_seconds,
+            }),
+            relay: row.relay,
+            pod: row.pod,
+            reported_at: row.reported_at,
+            published_total: row.published_total,
+            publish_rate: row.publish_rate,
+        }
+    }
 }
 
 /// The relay-wide view the operator scales on: the freshest measured backlog and the sum of

@@ -2,8 +2,10 @@
 //! that records every message id, and real `outbox-relay` processes.
 
 pub mod broker;
+pub mod chaos;
 pub mod db;
 pub mod process;
+pub mod proxy;
 
 /// A short unique suffix for table, exchange and queue names, so tests never share data.
 pub fn unique(prefix: &str) -> String {

@@ -6,14 +6,17 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-/// The workspace's `target/<profile>` folder, found from the test executable
-/// (`target/<profile>/deps/<test>`), so the binary built alongside the tests is used.
+/// The workspace's `target/<profile>` folder, found from the running executable (a test in
+/// `target/<profile>/deps/`, or a binary such as `outbox-chaos` in `target/<profile>/`), so the
+/// relay built alongside it is the one used.
 pub fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .expect("tests run from target/<profile>/deps")
-        .to_path_buf()
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("executable has a folder");
+    if dir.ends_with("deps") {
+        dir.parent().expect("deps has a parent").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 pub fn binary(name: &str) -> PathBuf {

@@ -188,8 +188,9 @@ async fn messages_carry_the_amqp_properties_of_their_row() {
     let mut relay = process::spawn_relay(&name, &run_args(&name, &name, &[]));
     assert_eq!(consumer.wait_for(10, Duration::from_secs(30)).await, 10);
     assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    let ids = db::all_ids(&mut conn, &table).await;
     let received = consumer.received.lock().unwrap();
-    for id in db::all_ids(&mut conn, &table).await {
+    for id in ids {
         assert_eq!(
             received.types.get(&id).map(String::as_str),
             Some(outbox_relay::seed::ARTICLE_TYPE)

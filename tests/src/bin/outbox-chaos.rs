@@ -1,0 +1,471 @@
+//! `outbox-chaos`: the reliability run behind `make chaos` (and `make chaos-smoke`).
+//!
+//! Several real relay processes drain a seeded table while kill -9, broker cuts and restarts,
+//! PostgreSQL backend terminations and network stalls hit them at seeded random points. A
+//! consumer in a separate process records every message id. The report says what was lost
+//! (must be nothing), duplicated (within the protocol's bound) and left pending (nothing).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use outbox_relay::config::ExchangeType;
+use outbox_relay::consume::{Topology, declare};
+use outbox_relay::migrate::{MigrationOptions, migrate};
+use outbox_tests::chaos::consumer;
+use outbox_tests::chaos::faults::{self, FaultKind};
+use outbox_tests::chaos::report::{ChaosReport, FaultRecord};
+use outbox_tests::{db, process, proxy, unique};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::process::{Child, Command};
+
+#[derive(Parser)]
+#[command(
+    name = "outbox-chaos",
+    about = "Relays rows under injected faults and reports losses and duplicates"
+)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    /// Rows to relay.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: u64,
+    /// Relay processes.
+    #[arg(long, default_value_t = 3)]
+    relays: usize,
+    /// Workers per relay process.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    #[arg(long, default_value_t = 500)]
+    batch_size: usize,
+    /// Seed of the fault schedule; printed in the report so a run can be repeated.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Fault kinds to inject (comma-separated): kill-9, broker-cut, broker-restart, pg-terminate, network-stall.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kill-9,broker-cut,broker-restart,pg-terminate,network-stall"
+    )]
+    faults: Vec<String>,
+    /// How many faults of each kind.
+    #[arg(long, default_value_t = 2)]
+    per_kind: usize,
+    /// A seconds-long run: 20,000 rows, two relays, one fault of each kind.
+    #[arg(long)]
+    smoke: bool,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// (internal) The recording consumer process.
+    Consumer {
+        #[arg(long)]
+        amqp_url: String,
+        #[arg(long)]
+        queue: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+struct Run {
+    name: String,
+    rows: u64,
+    workers: usize,
+    batch_size: usize,
+    db_url: String,
+    password: String,
+    dir: PathBuf,
+    relays: Vec<Child>,
+    started: Instant,
+}
+
+impl Run {
+    fn relay_log(&self, index: usize) -> PathBuf {
+        self.dir.join(format!("{}-relay-{index}.log", self.name))
+    }
+
+    fn spawn_relay(&self, index: usize) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.relay_log(index))
+            .expect("relay log");
+        Command::new(process::binary("outbox-relay"))
+            .args([
+                "run",
+                "--table",
+                &self.name,
+                "--exchange",
+                &self.name,
+                "--relay-name",
+                &self.name,
+            ])
+            .args([
+                "--workers",
+                &self.workers.to_string(),
+                "--batch-size",
+                &self.batch_size.to_string(),
+            ])
+            .args([
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--poll-interval",
+                "100ms",
+                "--publish-timeout",
+                "5s",
+            ])
+            .args([
+                "--pod-name",
+                &format!("chaos-{index}"),
+                "--report-interval",
+                "2s",
+            ])
+            .env("DATABASE_URL", &self.db_url)
+            .env("AMQP_URL", outbox_tests::amqp_url())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn outbox-relay")
+    }
+
+    fn ids_file(&self) -> PathBuf {
+        self.dir.join(format!("{}.ids", self.name))
+    }
+
+    /// Ids recorded so far: every line is a 36-character uuid and a newline.
+    fn delivered(&self) -> u64 {
+        std::fs::metadata(self.ids_file())
+            .map(|m| m.len() / 37)
+            .unwrap_or(0)
+    }
+
+    fn seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// Waits until the consumer records new ids again; the time it took.
+    async fn recovery(&self, limit: Duration) -> Option<f64> {
+        let before = self.delivered();
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if self.delivered() > before || self.delivered() >= self.rows {
+                return Some(start.elapsed().as_secs_f64());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+}
+
+fn signal(child: &Child, sig: i32) {
+    if let Some(pid) = child.id() {
+        unsafe { libc::kill(pid as i32, sig) };
+    }
+}
+
+/// The fault schedule: each fault fires when this fraction of the rows has been delivered.
+fn schedule(rng: &mut StdRng, kinds: &[FaultKind], per_kind: usize) -> Vec<(f64, FaultKind)> {
+    let mut plan: Vec<(f64, FaultKind)> = kinds
+        .iter()
+        .flat_map(|k| std::iter::repeat_n(*k, per_kind))
+        .map(|k| (rng.random_range(0.05..0.85), k))
+        .collect();
+    plan.sort_by(|a, b| a.0.total_cmp(&b.0));
+    plan
+}
+
+async fn inject(
+    run: &mut Run,
+    kind: FaultKind,
+    rng: &mut StdRng,
+    admin: &mut sqlx::PgConnection,
+    stall: &proxy::StallSwitch,
+) -> anyhow::Result<(String, u64)> {
+    let everyone = (run.relays.len() * run.workers) as u64;
+    Ok(match kind {
+        FaultKind::Kill9 => {
+            let index = rng.random_range(0..run.relays.len());
+            signal(&run.relays[index], libc::SIGKILL);
+            let _ = run.relays[index].wait().await;
+            let pause = Duration::from_millis(rng.random_range(500..2500));
+            tokio::time::sleep(pause).await;
+            run.relays[index] = run.spawn_relay(index);
+            (
+                format!(
+                    "relay {index} killed, restarted after {:.1} s",
+                    pause.as_secs_f64()
+                ),
+                run.workers as u64,
+            )
+        }
+        FaultKind::BrokerCut => {
+            faults::broker_cut().await?;
+            ("all broker connections closed".into(), everyone)
+        }
+        FaultKind::BrokerRestart => {
+            let pause = Duration::from_millis(rng.random_range(1000..3000));
+            faults::broker_restart(pause).await?;
+            (
+                format!("RabbitMQ stopped for {:.1} s", pause.as_secs_f64()),
+                everyone,
+            )
+        }
+        FaultKind::PgTerminate => {
+            let n = faults::pg_terminate(admin, &run.name).await?;
+            (format!("{n} relay sessions terminated"), n.max(0) as u64)
+        }
+        FaultKind::NetworkStall => {
+            let pause = Duration::from_millis(rng.random_range(2000..5000));
+            stall.stall_for(pause).await;
+            (
+                format!(
+                    "PostgreSQL traffic stalled for {:.1} s",
+                    pause.as_secs_f64()
+                ),
+                0,
+            )
+        }
+    })
+}
+
+/// Reads the consumer's file: distinct ids and how many arrived more than once.
+fn read_ids(path: &Path) -> anyhow::Result<(std::collections::HashSet<uuid::Uuid>, u64)> {
+    let text = std::fs::read_to_string(path)?;
+    let mut ids = std::collections::HashSet::new();
+    let mut duplicates = 0;
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if !ids.insert(uuid::Uuid::parse_str(line)?) {
+            duplicates += 1;
+        }
+    }
+    Ok((ids, duplicates))
+}
+
+async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
+    let (rows, relays, per_kind) = if cli.smoke {
+        (20_000, 2, 1)
+    } else {
+        (cli.rows, cli.relays, cli.per_kind)
+    };
+    let batch_size = if cli.smoke { 200 } else { cli.batch_size };
+    let kinds: Vec<FaultKind> = cli
+        .faults
+        .iter()
+        .map(|f| FaultKind::parse(f).ok_or_else(|| anyhow::anyhow!("unknown fault {f:?}")))
+        .collect::<Result<_, _>>()?;
+    let seed = cli.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(1)
+    });
+    let mut rng = StdRng::seed_from_u64(seed);
+    println!(
+        "chaos: seed {seed}, {rows} rows, {relays} relays × {} workers",
+        cli.workers
+    );
+
+    let name = unique("chaos");
+    let dir = process::target_dir().join("chaos");
+    std::fs::create_dir_all(&dir)?;
+    let table = db::table(&name);
+    let mut admin = db::seeded_table(&table, rows).await;
+    migrate(&mut admin, &table, &MigrationOptions::default()).await?;
+
+    let amqp = outbox_tests::amqp_url();
+    let queue = format!("{name}.ids");
+    let connection =
+        lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    declare(
+        &channel,
+        &Topology {
+            exchange: &name,
+            kind: ExchangeType::Fanout,
+            queue: &queue,
+            binding_key: "",
+        },
+    )
+    .await?;
+    let _ = connection.close(200, "set up".into()).await;
+
+    let (proxy_addr, stall) = proxy::start("127.0.0.1:5432".parse()?).await?;
+    // Trust authentication ignores the password; it is here so the logs can be searched for it.
+    let password = format!("Chaos-{seed}-Pw");
+    let db_url =
+        format!("postgres://postgres:{password}@{proxy_addr}/test?application_name={name}");
+    let mut run = Run {
+        name: name.clone(),
+        rows,
+        workers: cli.workers,
+        batch_size,
+        db_url,
+        password,
+        dir,
+        relays: Vec::new(),
+        started: Instant::now(),
+    };
+
+    let mut consumer = Command::new(std::env::current_exe()?)
+        .args(["consumer", "--amqp-url", &amqp, "--queue", &queue, "--out"])
+        .arg(run.ids_file())
+        .stderr(std::fs::File::create(
+            run.dir.join(format!("{name}-consumer.log")),
+        )?)
+        .kill_on_drop(true)
+        .spawn()?;
+    run.relays = (0..relays).map(|i| run.spawn_relay(i)).collect();
+
+    let mut records = Vec::new();
+    let mut bound_workers = 0u64;
+    for (fraction, kind) in schedule(&mut rng, &kinds, per_kind) {
+        let threshold = (fraction * rows as f64) as u64;
+        let wait_start = Instant::now();
+        while run.delivered() < threshold && wait_start.elapsed() < Duration::from_secs(600) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let at = run.seconds();
+        let (detail, workers_hit) = inject(&mut run, kind, &mut rng, &mut admin, &stall).await?;
+        bound_workers += workers_hit;
+        let recovery = run.recovery(Duration::from_secs(120)).await;
+        println!(
+            "  {at:7.1} s  {:<15} {detail}; flowing again after {}",
+            kind.name(),
+            recovery.map_or("—".into(), |r| format!("{r:.2} s"))
+        );
+        records.push(FaultRecord {
+            kind: kind.name(),
+            at_seconds: at,
+            recovery_seconds: recovery,
+            detail,
+        });
+    }
+
+    let drained = process::eventually(
+        Duration::from_secs(if cli.smoke { 120 } else { 1200 }),
+        || {
+            let t = table.clone();
+            async move { db::pending(&mut db::connect().await, &t).await == 0 }
+        },
+    )
+    .await;
+    if !drained {
+        eprintln!("chaos: rows still pending after the drain timeout");
+    }
+    let mut exit_codes = Vec::new();
+    for child in &mut run.relays {
+        signal(child, libc::SIGTERM);
+        exit_codes.push(
+            tokio::time::timeout(Duration::from_secs(60), child.wait())
+                .await
+                .ok()
+                .and_then(|s| s.ok())
+                .and_then(|s| s.code()),
+        );
+    }
+    // Let the consumer catch up, then stop it.
+    let mut last = run.delivered();
+    let settle_start = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = run.delivered();
+        if (now == last && now >= rows) || settle_start.elapsed() > Duration::from_secs(120) {
+            break;
+        }
+        last = now;
+    }
+    signal(&consumer, libc::SIGTERM);
+    let _ = consumer.wait().await;
+
+    let (ids, duplicates) = read_ids(&run.ids_file())?;
+    let table_ids = db::all_ids(&mut admin, &table).await;
+    let lost = table_ids.iter().filter(|id| !ids.contains(id)).count() as u64;
+    let pending = db::pending(&mut admin, &table).await;
+    let mut secrets = 0;
+    for i in 0..relays {
+        let log = std::fs::read_to_string(run.relay_log(i)).unwrap_or_default();
+        secrets += log.matches(&run.password).count();
+    }
+    let consumer_log =
+        std::fs::read_to_string(run.dir.join(format!("{name}-consumer.log"))).unwrap_or_default();
+    secrets += consumer_log.matches(&run.password).count();
+
+    // Clean up the run's table and queue; keep the logs and the ids file for inspection.
+    db::exec(&mut admin, &format!("DROP TABLE {}", table.name.quoted())).await;
+    if let Ok(connection) =
+        lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default()).await
+        && let Ok(channel) = connection.create_channel().await
+    {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), Default::default())
+            .await;
+        let _ = channel
+            .exchange_delete(name.as_str().into(), Default::default())
+            .await;
+    }
+
+    Ok(ChaosReport {
+        seed,
+        rows,
+        relays,
+        workers_per_relay: run.workers,
+        batch_size,
+        faults: records,
+        ids_delivered: ids.len() as u64,
+        ids_lost: lost,
+        duplicates,
+        duplicate_bound: bound_workers * batch_size as u64,
+        rows_pending: pending,
+        relay_exit_codes: exit_codes,
+        secrets_in_logs: secrets,
+        elapsed_seconds: run.seconds(),
+    })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Mode::Consumer {
+        amqp_url,
+        queue,
+        out,
+    }) = &cli.mode
+    {
+        return match consumer::run(amqp_url, queue, out).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("consumer: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match chaos(cli).await {
+        Ok(report) => {
+            let markdown = report.markdown();
+            println!("\n{markdown}");
+            let dir = process::target_dir().join("chaos");
+            let _ = std::fs::write(dir.join("report.md"), &markdown);
+            let _ = std::fs::write(
+                dir.join("report.json"),
+                serde_json::to_string_pretty(&report).unwrap_or_default(),
+            );
+            if report.passed() {
+                println!("chaos: 1 passed, 0 failed");
+                ExitCode::SUCCESS
+            } else {
+                println!("chaos: 0 passed, 1 failed");
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("chaos: the run could not complete: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

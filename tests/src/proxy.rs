@@ -1,0 +1,128 @@
+//! A TCP proxy that can stall: it forwards bytes both ways until told to stop forwarding, then
+//! holds every connection open without moving a byte until resumed — the network stall a
+//! relay must survive without losing or double-marking rows.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+#[derive(Clone)]
+pub struct StallSwitch {
+    stalled: Arc<watch::Sender<bool>>,
+}
+
+impl StallSwitch {
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    pub fn resume(&self) {
+        self.stalled.send_replace(false);
+    }
+
+    /// Stalls for `duration`, then resumes.
+    pub async fn stall_for(&self, duration: Duration) {
+        self.stall();
+        tokio::time::sleep(duration).await;
+        self.resume();
+    }
+}
+
+/// Listens on an ephemeral loopback port and forwards to `upstream`.
+pub async fn start(upstream: SocketAddr) -> std::io::Result<(SocketAddr, StallSwitch)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (tx, rx) = watch::channel(false);
+    let switch = StallSwitch {
+        stalled: Arc::new(tx),
+    };
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let rx = rx.clone();
+            tokio::spawn(async move {
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::join!(
+                    pump(client_read, server_write, rx.clone()),
+                    pump(server_read, client_write, rx)
+                );
+            });
+        }
+    });
+    Ok((addr, switch))
+}
+
+/// Copies one direction, pausing while the switch says "stalled".
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut stalled: watch::Receiver<bool>,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // Hold the bytes while stalled: nothing reaches the other side until resumed.
+        while *stalled.borrow_and_update() {
+            if stalled.changed().await.is_err() {
+                return;
+            }
+        }
+        if to.write_all(&buffer[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn forwards_and_stalls() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let echo_addr = echo.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let mut b = [0u8; 16];
+                    while let Ok(n) = s.read(&mut b).await {
+                        if n == 0 || s.write_all(&b[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let (addr, switch) = start(echo_addr).await.unwrap();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(b"hi").await.unwrap();
+        let mut reply = [0u8; 2];
+        client.read_exact(&mut reply).await.unwrap();
+        assert_eq!(&reply, b"hi");
+
+        switch.stall();
+        client.write_all(b"yo").await.unwrap();
+        let blocked =
+            tokio::time::timeout(Duration::from_millis(300), client.read_exact(&mut reply)).await;
+        assert!(blocked.is_err(), "bytes crossed a stalled proxy");
+        switch.resume();
+        tokio::time::timeout(Duration::from_secs(2), client.read_exact(&mut reply))
+            .await
+            .expect("resumed proxy forwards")
+            .unwrap();
+        assert_eq!(&reply, b"yo");
+    }
+}
