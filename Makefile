@@ -40,6 +40,7 @@ fmt:
 crds:
 	$(CARGO) run -q -p outbox-operator -- crd > crds/outboxrelays.yaml
 	cp crds/outboxrelays.yaml charts/outbox-relay-operator/crds/outboxrelays.yaml
+	cp crds/outboxrelays.yaml config/crd/outboxrelays.yaml
 
 ## chart-check: helm lint/template with the real helm, schema validation of every manifest.
 chart-check:

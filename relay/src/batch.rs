@@ -38,6 +38,8 @@ pub struct ClaimedRow {
     pub routing_key: Option<String>,
     pub headers: Option<serde_json::Value>,
     pub attempts: i32,
+    /// Set when a column could not be read as the message needs it.
+    pub malformed: Option<String>,
 }
 
 /// What the batch decided for one row.
@@ -86,26 +88,60 @@ async fn timed<T>(
     Ok(result?)
 }
 
-fn decode(row: &sqlx::postgres::PgRow, payload: PayloadKind) -> Result<ClaimedRow, sqlx::Error> {
-    let body = match payload {
-        PayloadKind::Bytes => row.try_get::<Option<Vec<u8>>, _>(2)?,
-        PayloadKind::Json | PayloadKind::Text => {
-            row.try_get::<Option<String>, _>(2)?.map(String::into_bytes)
-        }
-    };
+/// Raw bytes of a text-like column, so bytes that are not UTF-8 (possible in a SQL_ASCII
+/// database) never fail the batch. Claim casts json and jsonb payloads to text, so the bytes
+/// are the document's text.
+fn raw_bytes(row: &sqlx::postgres::PgRow, index: usize) -> Result<Option<Vec<u8>>, sqlx::Error> {
+    use sqlx::ValueRef;
+    let value = row.try_get_raw(index)?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(
+        value.as_bytes().map_err(sqlx::Error::Decode)?.to_vec(),
+    ))
+}
+
+/// A text column that must be UTF-8 for AMQP; bad bytes make the row malformed, not the batch.
+fn text_column(
+    row: &sqlx::postgres::PgRow,
+    index: usize,
+    what: &str,
+    problems: &mut Vec<String>,
+) -> Result<Option<String>, sqlx::Error> {
+    Ok(match raw_bytes(row, index)? {
+        None => None,
+        Some(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => Some(text),
+            Err(_) => {
+                problems.push(format!("malformed row: the {what} is not valid UTF-8"));
+                None
+            }
+        },
+    })
+}
+
+fn decode(row: &sqlx::postgres::PgRow) -> Result<ClaimedRow, sqlx::Error> {
+    let mut problems = Vec::new();
+    let kind = text_column(row, 1, "type", &mut problems)?;
+    let routing_key = text_column(row, 4, "routing key", &mut problems)?;
     Ok(ClaimedRow {
         id: row.try_get(0)?,
-        kind: row.try_get(1)?,
-        payload: body,
+        kind,
+        payload: raw_bytes(row, 2)?,
         occurred_at: row.try_get(3)?,
-        routing_key: row.try_get(4)?,
+        routing_key,
         headers: row.try_get(5)?,
         attempts: row.try_get(6)?,
+        malformed: problems.into_iter().next(),
     })
 }
 
 /// Turns a row into a message, or says why it cannot be one.
 pub fn to_message<'a>(row: &'a ClaimedRow, routing: &'a RoutingKey) -> Result<Message<'a>, String> {
+    if let Some(problem) = &row.malformed {
+        return Err(problem.clone());
+    }
     let kind = row
         .kind
         .as_deref()
@@ -184,10 +220,7 @@ pub async fn run_batch<P: Publisher>(
         timed(metrics, Stage::Commit, tx.commit()).await?;
         return Ok(BatchReport::default());
     }
-    let rows = rows
-        .iter()
-        .map(|r| decode(r, settings.payload))
-        .collect::<Result<Vec<_>, _>>()?;
+    let rows = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
 
     // Publish every well-formed row; malformed ones are settled as dead letters right away.
     let prepared: Vec<Result<Message<'_>, String>> = rows
@@ -374,6 +407,7 @@ mod tests {
             routing_key: Some("orders".into()),
             headers: None,
             attempts: 0,
+            malformed: None,
         }
     }
 

@@ -27,6 +27,9 @@ impl PayloadKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableShape {
     pub payload: PayloadKind,
+    /// The database stores text as SQL_ASCII: its bytes need not be UTF-8, so text columns are
+    /// read as raw bytes (a UTF-8 client would make the server refuse the whole batch).
+    pub raw_text: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -134,5 +137,11 @@ pub async fn inspect(
             missing,
         });
     }
-    Ok(TableShape { payload })
+    let encoding: String = sqlx::query_scalar("SELECT current_setting('server_encoding')")
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(TableShape {
+        payload,
+        raw_text: encoding.eq_ignore_ascii_case("SQL_ASCII"),
+    })
 }

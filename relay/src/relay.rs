@@ -100,7 +100,7 @@ pub async fn run(
         http_stop.cancel();
         return Ok(());
     };
-    let statements = Arc::new(Statements::new(&config.db.table, shape.payload));
+    let statements = Arc::new(Statements::for_shape(&config.db.table, &shape));
     let published_total = Arc::new(AtomicU64::new(0));
     // Keep the sender alive for the whole run; workers treat a closed channel as "poll only".
     let (wake_tx, wake_rx) = watch::channel(0u64);

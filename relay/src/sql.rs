@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::inspect::PayloadKind;
+use crate::inspect::{PayloadKind, TableShape};
 use crate::table::{DeliveryMode, OutboxTable};
 
 /// The statements one worker runs, prepared as text at start.
@@ -25,7 +25,17 @@ pub struct Statements {
 }
 
 impl Statements {
+    /// Statements for a table whose shape was inspected (the relay's path).
+    pub fn for_shape(table: &OutboxTable, shape: &TableShape) -> Self {
+        Self::build(table, shape.payload, shape.raw_text)
+    }
+
+    /// Statements for a UTF-8 database, when only the payload kind is known.
     pub fn new(table: &OutboxTable, payload: PayloadKind) -> Self {
+        Self::build(table, payload, false)
+    }
+
+    fn build(table: &OutboxTable, payload: PayloadKind, raw_text: bool) -> Self {
         let t = table.name.quoted();
         let c = &table.columns;
         let (id, kind, body, occurred, processed, error) = (
@@ -38,15 +48,25 @@ impl Statements {
         );
         // Every row decodes into the same shape whatever is mapped, so the worker reads
         // columns by position without branching per table.
+        // In a SQL_ASCII database, converting to SQL_ASCII hands the stored bytes over as they
+        // are (bytea), where a UTF-8 client encoding would make the server reject them.
+        let text = |expr: String| {
+            if raw_text {
+                format!("convert_to({expr}::text, 'SQL_ASCII')")
+            } else {
+                format!("{expr}::text")
+            }
+        };
         let payload_expr = match payload {
-            PayloadKind::Json | PayloadKind::Text => format!("t.{body}::text"),
+            PayloadKind::Json | PayloadKind::Text => text(format!("t.{body}")),
             PayloadKind::Bytes => format!("t.{body}"),
         };
+        let kind_expr = text(format!("t.{kind}"));
         let routing_expr = c
             .routing_key
             .as_ref()
             .map_or("NULL::text".to_string(), |col| {
-                format!("t.{}::text", col.quoted())
+                text(format!("t.{}", col.quoted()))
             });
         let headers_expr = c.headers.as_ref().map_or("NULL::jsonb".to_string(), |col| {
             format!("t.{}::jsonb", col.quoted())
@@ -56,7 +76,7 @@ impl Statements {
         });
 
         let claim = format!(
-            "SELECT t.{id}, t.{kind}::text, {payload_expr}, t.{occurred}::timestamptz, \
+            "SELECT t.{id}, {kind_expr}, {payload_expr}, t.{occurred}::timestamptz, \
              {routing_expr}, {headers_expr}, {attempts_expr} \
              FROM {t} AS t WHERE t.{processed} IS NULL \
              ORDER BY t.{occurred} LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
@@ -167,6 +187,24 @@ mod tests {
         );
         assert!(s.settle_outcomes.contains("u.error IS NULL) UPDATE"));
         assert!(s.settle_outcomes.ends_with("AND u.error IS NOT NULL"));
+    }
+
+    #[test]
+    fn sql_ascii_databases_hand_text_over_as_raw_bytes() {
+        let shape = TableShape {
+            payload: PayloadKind::Text,
+            raw_text: true,
+        };
+        let s = Statements::for_shape(&table(), &shape);
+        assert!(s.claim.contains("convert_to(t.\"type\"::text, 'SQL_ASCII'), convert_to(t.\"content\"::text, 'SQL_ASCII')"));
+        let utf8 = Statements::for_shape(
+            &table(),
+            &TableShape {
+                raw_text: false,
+                ..shape
+            },
+        );
+        assert!(!utf8.claim.contains("convert_to"));
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub struct Received {
     pub total: u64,
     pub without_id: u64,
     pub types: HashMap<Uuid, String>,
+    /// Body length of each message.
+    pub sizes: HashMap<Uuid, usize>,
 }
 
 pub struct Consumer {
@@ -99,6 +101,7 @@ pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> C
             match id {
                 Some(id) => {
                     *seen.counts.entry(id).or_default() += 1;
+                    seen.sizes.insert(id, delivery.data.len());
                     if let Some(kind) = delivery.properties.kind() {
                         seen.types.insert(id, kind.to_string());
                     }
