@@ -55,8 +55,10 @@ bench-smoke: services
 chaos: services release
 	./target/release/outbox-chaos $(CHAOS_ARGS)
 
+## chaos-smoke: a seconds-long chaos run and a longer property-based fuzz of the parsers.
 chaos-smoke: services
 	./target/release/outbox-chaos --smoke
+	PROPTEST_CASES=2000 $(CARGO) test --release -q -p outbox-relay -p outbox-tests fuzz_
 
 e2e-cluster:
 	./scripts/e2e-cluster.sh

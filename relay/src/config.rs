@@ -705,4 +705,82 @@ mod tests {
         assert!(FileConfig::parse("- a\n- b\n").is_err());
         assert!(FileConfig::parse("batch_size: many\n").is_err());
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const KNOWN_KEYS: &[&str] = &[
+            "database_url",
+            "amqp_url",
+            "table",
+            "columns",
+            "mode",
+            "relay_name",
+            "exchange",
+            "declare_exchange",
+            "routing_key",
+            "batch_size",
+            "workers",
+            "publisher_confirms",
+            "mandatory",
+            "publish_timeout",
+            "max_attempts",
+            "dead_letter_exchange",
+            "poll_interval",
+            "listen",
+            "metrics_addr",
+            "log_format",
+            "shutdown_grace",
+            "report_interval",
+            "content_type",
+            "processed_retention",
+            "pod_name",
+        ];
+
+        proptest! {
+            // Any text at all: the parser answers Ok or Err, it never panics.
+            #[test]
+            fn fuzz_config_parser_never_panics(text in "\\PC{0,200}") {
+                let _ = FileConfig::parse(&text);
+            }
+
+            // YAML-looking text built from real and invented keys and odd values.
+            #[test]
+            fn fuzz_config_parser_on_yaml_shapes(
+                lines in proptest::collection::vec(("[a-z_]{1,16}", prop_oneof![
+                    Just("1".to_string()), Just("-5".to_string()), Just("[".to_string()), Just("{a: 1}".to_string()),
+                    Just("true".to_string()), Just("''".to_string()), "[a-z0-9 .;]{0,20}",
+                ]), 0..8)
+            ) {
+                let text: String = lines.iter().map(|(k, v)| format!("{k}: {v}\n")).collect();
+                if let Err(message) = FileConfig::parse(&text) {
+                    prop_assert!(!message.is_empty());
+                }
+            }
+
+            #[test]
+            fn fuzz_unknown_keys_are_named(key in "[a-z_]{1,24}") {
+                prop_assume!(!KNOWN_KEYS.contains(&key.as_str()));
+                let err = FileConfig::parse(&format!("{key}: 1\n")).unwrap_err();
+                prop_assert!(err.contains(&key), "{}", err);
+            }
+
+            // Whatever the table text, resolution answers with a ConfigError naming --table or succeeds.
+            #[test]
+            fn fuzz_table_names_resolve_or_name_the_field(table in "\\PC{0,80}") {
+                let mut args = TableArgs {
+                    database_url: Some("postgres://u@localhost/db".into()),
+                    table: Some(table),
+                    ..Default::default()
+                };
+                match args.resolve() {
+                    Ok(config) => prop_assert!(config.table.name.quoted().starts_with('"')),
+                    Err(e) => prop_assert_eq!(e.field, "table"),
+                }
+                args.table = None;
+                prop_assert!(args.resolve().is_ok());
+            }
+        }
+    }
 }

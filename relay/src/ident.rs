@@ -191,6 +191,16 @@ mod tests {
         }
 
         #[test]
+        fn fuzz_identifier_validator_agrees_with_the_pattern(name in "[\\x00-\\x7f]{0,70}|\\PC{0,70}") {
+            let pattern_ok = !name.is_empty()
+                && name.len() <= MAX_IDENT_LEN
+                && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            prop_assert_eq!(Ident::new(&name).is_ok(), pattern_ok);
+            let _ = TableName::parse(&name);
+        }
+
+        #[test]
         fn every_valid_pattern_is_accepted(name in "[A-Za-z_][A-Za-z0-9_]{0,62}") {
             prop_assert!(Ident::new(&name).is_ok());
         }
