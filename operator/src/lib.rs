@@ -6,6 +6,7 @@
 //! composition ([`controller`]), and the process ([`metrics`], [`telemetry`], [`leader`],
 //! [`server`]).
 
+pub mod autoscaler;
 pub mod conditions;
 pub mod controller;
 pub mod crd;
