@@ -1,0 +1,313 @@
+//! `outbox-bench` (make bench): the relay measured side by side with the broker's ceiling and
+//! the naive loop, on the local PostgreSQL and RabbitMQ. See docs/benchmarks.md.
+
+mod broker;
+mod ceiling;
+mod consumer_process;
+mod env;
+mod fixture;
+mod latency;
+mod measure;
+mod naive;
+mod names;
+mod plot;
+mod procstat;
+mod relay_process;
+mod relay_run;
+mod report;
+mod scrape;
+mod stats;
+mod sustained;
+mod throughput;
+mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use sqlx::{Connection, PgConnection};
+
+use crate::env::Env;
+use crate::names::RunNames;
+use crate::plot::{Line, rate_points};
+use crate::report::{Context, Report};
+use crate::sustained::SustainedOptions;
+use crate::throughput::{RelaySettings, ThroughputOptions};
+use crate::workload::Workload;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "outbox-bench",
+    about = "Measures the outbox relay against the broker's ceiling and the naive loop"
+)]
+struct Args {
+    /// A tiny run of every mode that takes seconds and checks delivery (CI).
+    #[arg(long)]
+    smoke: bool,
+    /// Throughput mode; the default when no other mode is asked for.
+    #[arg(long)]
+    throughput: bool,
+    /// Sustained mode: throughput per minute in mark and delete mode on a big table.
+    #[arg(long)]
+    sustained: bool,
+    /// Latency mode at R rows/s (default 1000).
+    #[arg(long, value_name = "R", num_args = 0..=1, default_missing_value = "1000")]
+    latency: Option<f64>,
+    /// Workloads for throughput mode: article, realistic (default both).
+    #[arg(long, value_delimiter = ',')]
+    workload: Vec<String>,
+    /// Rows seeded per table (throughput default: 2,000,000 article, 1,000,000 realistic;
+    /// sustained default: 10,000,000 or what the minutes need).
+    #[arg(long)]
+    rows: Option<u64>,
+    /// Runs per contender in throughput mode (median, min, max).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Measured window of one throughput run, in seconds.
+    #[arg(long, default_value_t = 15)]
+    window: u64,
+    /// Minutes of each sustained run.
+    #[arg(long, default_value_t = 10)]
+    minutes: u64,
+    /// Seconds of steady inserts in latency mode.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Connection counts tried for the ceiling.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    connections: Vec<usize>,
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    database_url: String,
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
+    /// The relay binary (default: outbox-relay next to this binary).
+    #[arg(long)]
+    relay_bin: Option<PathBuf>,
+    /// Where JSON, plots and logs go (default: target/bench).
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+}
+
+/// Settings tried besides the defaults: workers × batch size.
+fn default_sweep() -> Vec<RelaySettings> {
+    [
+        (1, 500),
+        (4, 500),
+        (2, 1000),
+        (4, 1000),
+        (8, 1000),
+        (4, 200),
+    ]
+    .into_iter()
+    .map(|(w, b)| RelaySettings::with(w, b))
+    .collect()
+}
+
+async fn versions(env: &Env) -> (String, String) {
+    let postgres = async {
+        let mut conn = PgConnection::connect(&env.database_url).await.ok()?;
+        sqlx::query_scalar::<_, String>("SHOW server_version")
+            .fetch_one(&mut conn)
+            .await
+            .ok()
+    }
+    .await
+    .unwrap_or_else(|| "?".into());
+    // The AMQP handshake's server properties are not exposed by lapin; ask the broker's CLI.
+    let rabbitmq = tokio::process::Command::new("rabbitmqctl")
+        .arg("version")
+        .output()
+        .await
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "?".into());
+    (postgres, rabbitmq)
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let began = Instant::now();
+    let env = Env {
+        database_url: args.database_url.clone(),
+        amqp_url: args.amqp_url.clone(),
+        relay_bin: args
+            .relay_bin
+            .clone()
+            .unwrap_or_else(env::sibling_relay_binary),
+        out_dir: args.out_dir.clone().unwrap_or_else(env::default_out_dir),
+    };
+    anyhow::ensure!(
+        env.relay_bin.exists(),
+        "relay binary {} not found; build it with cargo build --release -p outbox-relay",
+        env.relay_bin.display()
+    );
+    std::fs::create_dir_all(&env.out_dir)?;
+    let names = RunNames::new();
+    let started_at = chrono::Utc::now().to_rfc3339();
+    let load_before = procstat::load_average();
+    let (postgres_version, rabbitmq_version) = versions(&env).await;
+
+    let smoke = args.smoke;
+    let any_mode = args.sustained || args.latency.is_some();
+    let do_throughput = smoke || args.throughput || !any_mode;
+    let workloads = if args.workload.is_empty() {
+        Workload::ALL.to_vec()
+    } else {
+        args.workload
+            .iter()
+            .map(|w| {
+                Workload::parse(w).ok_or_else(|| {
+                    anyhow::anyhow!("unknown workload {w:?}; use article or realistic")
+                })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+
+    let mut report = Report {
+        context: Context {
+            started_at,
+            finished_at: String::new(),
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            load_average_before: load_before,
+            load_average_after: None,
+            postgres_version,
+            rabbitmq_version,
+            smoke,
+        },
+        throughput: Vec::new(),
+        sustained: Vec::new(),
+        latency: None,
+    };
+
+    if do_throughput {
+        let options = if smoke {
+            ThroughputOptions {
+                workloads: workloads.clone(),
+                rows: Some(args.rows.unwrap_or(3000)),
+                runs: 1,
+                window: Duration::from_secs(1),
+                connections: vec![1, 2],
+                sweep: vec![RelaySettings::with(4, 1000)],
+                drain: true,
+            }
+        } else {
+            ThroughputOptions {
+                workloads: workloads.clone(),
+                rows: args.rows,
+                runs: args.runs.max(1),
+                window: Duration::from_secs(args.window.max(1)),
+                connections: args.connections.clone(),
+                sweep: default_sweep(),
+                drain: false,
+            }
+        };
+        for &workload in &options.workloads {
+            report
+                .throughput
+                .push(throughput::run_workload(&env, &names, workload, &options).await?);
+        }
+    }
+    if smoke || args.sustained {
+        let options = if smoke {
+            SustainedOptions {
+                rows: args.rows.unwrap_or(20_000),
+                duration: Duration::from_secs(3),
+                bucket: Duration::from_secs(1),
+            }
+        } else {
+            let duration = Duration::from_secs(args.minutes.max(1) * 60);
+            // 10 million rows, or about what the minutes can relay at ~25k msg/s.
+            let rows = args
+                .rows
+                .unwrap_or_else(|| (args.minutes * 60 * 25_000).min(10_000_000));
+            SustainedOptions {
+                rows,
+                duration,
+                bucket: Duration::from_secs(60),
+            }
+        };
+        report.sustained = sustained::run(&env, &names, &options).await?;
+    }
+    if smoke || args.latency.is_some() {
+        let (rate, seconds) = if smoke {
+            (200.0, 3)
+        } else {
+            (args.latency.unwrap_or(1000.0), args.seconds)
+        };
+        anyhow::ensure!(rate > 0.0, "--latency needs a positive rate");
+        report.latency =
+            Some(latency::run(&env, &names, rate, Duration::from_secs(seconds.max(1))).await?);
+    }
+
+    report.context.finished_at = chrono::Utc::now().to_rfc3339();
+    report.context.load_average_after = procstat::load_average();
+    write_outputs(&env, &report)?;
+    print!("{}", report.markdown());
+    eprintln!(
+        "done in {:.1} s; JSON and plot in {}",
+        began.elapsed().as_secs_f64(),
+        env.out_dir.display()
+    );
+    Ok(())
+}
+
+/// JSON (latest and timestamped) and the throughput-over-time plot.
+fn write_outputs(env: &Env, report: &Report) -> anyhow::Result<()> {
+    let stem = if report.context.smoke {
+        "smoke"
+    } else {
+        "results"
+    };
+    let json = serde_json::to_string_pretty(report)?;
+    std::fs::write(env.out_dir.join(format!("{stem}.json")), &json)?;
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+    std::fs::write(env.out_dir.join(format!("{stem}-{stamp}.json")), &json)?;
+
+    let mut panels = Vec::new();
+    for w in &report.throughput {
+        let lines = [&w.ceiling, &w.relay_defaults, &w.relay_best, &w.naive]
+            .into_iter()
+            .map(|c| Line {
+                label: format!("{} ({:.0} msg/s)", c.label, c.rate.median),
+                points: rate_points(&c.median_run.series, 4),
+            })
+            .collect();
+        panels.push((format!("throughput, {} workload", w.workload_name()), lines));
+    }
+    if !report.sustained.is_empty() {
+        let lines = report
+            .sustained
+            .iter()
+            .map(|s| Line {
+                label: s.label.clone(),
+                points: rate_points(&s.measurement.series, 40),
+            })
+            .collect();
+        panels.push(("sustained, article rows, relay defaults".into(), lines));
+    }
+    plot::draw(&env.out_dir.join(format!("{stem}.svg")), &panels)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let smoke = args.smoke;
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "outbox-bench{} FAILED: {e:#}",
+                if smoke { " --smoke" } else { "" }
+            );
+            ExitCode::FAILURE
+        }
+    }
+}

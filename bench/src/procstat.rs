@@ -1,0 +1,121 @@
+//! CPU time and peak memory of processes, read from /proc (Linux).
+
+use std::collections::HashMap;
+
+/// Clock ticks per second, the unit of the CPU fields of /proc/<pid>/stat.
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions; it only reads a constant.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// user + system CPU ticks of one process, and its command name.
+fn read_stat(pid: u32) -> Option<(String, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name sits in parentheses and may itself contain spaces or parentheses.
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text[open + 1..close].to_string();
+    let fields: Vec<&str> = text[close + 1..].split_whitespace().collect();
+    // After the name: state is field 3 of the man page, utime 14, stime 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((comm, utime + stime))
+}
+
+/// CPU ticks of every process whose command name is one of `names`.
+fn ticks_by_name(names: &[&str]) -> HashMap<u32, u64> {
+    let mut found = HashMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some((comm, ticks)) = read_stat(pid)
+            && names.contains(&comm.as_str())
+        {
+            found.insert(pid, ticks);
+        }
+    }
+    found
+}
+
+/// CPU ticks of the process under test, PostgreSQL and RabbitMQ at one instant.
+#[derive(Debug, Clone, Default)]
+pub struct CpuSnapshot {
+    subject: u64,
+    postgres: HashMap<u32, u64>,
+    rabbitmq: HashMap<u32, u64>,
+}
+
+/// CPU seconds spent between two snapshots.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct CpuSeconds {
+    /// The relay process, or the bench process itself for the in-process ceiling and naive loop.
+    pub subject: f64,
+    pub postgres: f64,
+    pub rabbitmq: f64,
+}
+
+impl CpuSnapshot {
+    pub fn take(subject_pid: u32) -> Self {
+        Self {
+            subject: read_stat(subject_pid).map(|(_, t)| t).unwrap_or_default(),
+            postgres: ticks_by_name(&["postgres"]),
+            rabbitmq: ticks_by_name(&["beam.smp", "erl_child_setup", "epmd"]),
+        }
+    }
+
+    /// CPU seconds from `self` to `later`. Processes started in between (new backends) count
+    /// from zero; processes that ended in between are lost, which only under-counts.
+    pub fn until(&self, later: &CpuSnapshot) -> CpuSeconds {
+        let delta = |before: &HashMap<u32, u64>, after: &HashMap<u32, u64>| {
+            after
+                .iter()
+                .map(|(pid, t)| t.saturating_sub(before.get(pid).copied().unwrap_or(0)))
+                .sum::<u64>()
+        };
+        let hz = ticks_per_second();
+        CpuSeconds {
+            subject: later.subject.saturating_sub(self.subject) as f64 / hz,
+            postgres: delta(&self.postgres, &later.postgres) as f64 / hz,
+            rabbitmq: delta(&self.rabbitmq, &later.rabbitmq) as f64 / hz,
+        }
+    }
+}
+
+/// Peak resident set size (VmHWM) of a process, in MiB.
+pub fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The 1-minute load average, to say how busy the machine was.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let pid = std::process::id();
+        assert!(read_stat(pid).is_some());
+        assert!(peak_rss_mib(pid).unwrap() > 0.0);
+    }
+}

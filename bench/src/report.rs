@@ -1,0 +1,190 @@
+//! The results of one invocation: JSON for machines, a Markdown table for people.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::latency::LatencyResult;
+use crate::sustained::SustainedRun;
+use crate::throughput::{Contender, WorkloadResult};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Context {
+    pub started_at: String,
+    pub finished_at: String,
+    pub cores: usize,
+    pub load_average_before: Option<f64>,
+    pub load_average_after: Option<f64>,
+    pub postgres_version: String,
+    pub rabbitmq_version: String,
+    pub smoke: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub context: Context,
+    pub throughput: Vec<WorkloadResult>,
+    pub sustained: Vec<SustainedRun>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencyResult>,
+}
+
+fn contender_row(out: &mut String, workload: &str, c: &Contender) {
+    let m = &c.median_run;
+    let rss = m
+        .peak_rss_mib
+        .map_or("–".to_string(), |r| format!("{r:.1}"));
+    let _ = writeln!(
+        out,
+        "| {workload} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {rss} |",
+        c.label,
+        c.rate.median,
+        c.rate.min,
+        c.rate.max,
+        m.cpu.subject,
+        m.cpu.postgres,
+        m.cpu.rabbitmq
+    );
+}
+
+impl Report {
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let c = &self.context;
+        let _ = writeln!(
+            out,
+            "# outbox-bench {}\n\nstarted {}, {} cores, load average {} before / {} after; PostgreSQL {}, RabbitMQ {}\n",
+            if c.smoke {
+                "(smoke: tiny sizes, numbers mean nothing)"
+            } else {
+                ""
+            },
+            c.started_at,
+            c.cores,
+            c.load_average_before
+                .map_or("?".into(), |l| format!("{l:.2}")),
+            c.load_average_after
+                .map_or("?".into(), |l| format!("{l:.2}")),
+            c.postgres_version,
+            c.rabbitmq_version
+        );
+        if !self.throughput.is_empty() {
+            let _ = writeln!(
+                out,
+                "## Throughput (msg/s: median, min, max of the runs; CPU seconds over the median run's window)\n"
+            );
+            let _ = writeln!(
+                out,
+                "| workload | contender | median | min | max | CPU subject | CPU postgres | CPU rabbitmq | relay peak RSS MiB |"
+            );
+            let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+            for w in &self.throughput {
+                let name = w.workload_name();
+                for ceiling in &w.ceiling_by_connections {
+                    contender_row(&mut out, name, ceiling);
+                }
+                contender_row(&mut out, name, &w.relay_defaults);
+                contender_row(&mut out, name, &w.relay_best);
+                contender_row(&mut out, name, &w.naive);
+            }
+            let _ = writeln!(
+                out,
+                "\n| workload | rows | payload bytes | relay/ceiling | best/ceiling | relay/naive | best/naive | sweep (msg/s, one run each) |"
+            );
+            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---|");
+            for w in &self.throughput {
+                let sweep = w
+                    .sweep
+                    .iter()
+                    .map(|(label, rate)| format!("{label} {rate:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} | {sweep} |",
+                    w.workload_name(),
+                    w.rows,
+                    w.payload_bytes,
+                    w.relay_over_ceiling,
+                    w.best_over_ceiling,
+                    w.relay_over_naive,
+                    w.best_over_naive
+                );
+            }
+            let _ = writeln!(
+                out,
+                "\nMean time per batch stage, relay at defaults (ms):\n"
+            );
+            let _ = writeln!(
+                out,
+                "| workload | claim | publish | confirm | mark | commit | batches |"
+            );
+            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+            for w in &self.throughput {
+                let s = &w.relay_defaults.median_run.stages;
+                let ms = |k: &str| s.get(k).map_or("–".into(), |t| format!("{:.2}", t.mean_ms));
+                let batches = s.get("publish").map_or(0, |t| t.count);
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {batches} |",
+                    w.workload_name(),
+                    ms("claim"),
+                    ms("publish"),
+                    ms("confirm"),
+                    ms("mark"),
+                    ms("commit")
+                );
+            }
+        }
+        if !self.sustained.is_empty() {
+            let _ = writeln!(out, "\n## Sustained (relay at defaults, article rows)\n");
+            let _ = writeln!(
+                out,
+                "| variant | msg/s per bucket | last/first | autovacuum runs |"
+            );
+            let _ = writeln!(out, "|---|---|---:|---:|");
+            for s in &self.sustained {
+                let buckets = s
+                    .per_bucket
+                    .iter()
+                    .map(|r| format!("{r:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let _ = writeln!(
+                    out,
+                    "| {} | {buckets} | {:.2} | {} |",
+                    s.label, s.last_over_first, s.autovacuum_runs
+                );
+            }
+        }
+        if let Some(l) = &self.latency {
+            let _ = writeln!(out, "\n## Latency (insert commit → consumer receive)\n");
+            let _ = writeln!(
+                out,
+                "| rows/s | seconds | delivered | p50 ms | p99 ms | max ms | relay CPU s | relay peak RSS MiB |"
+            );
+            let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(
+                out,
+                "| {:.0} | {:.0} | {}/{} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+                l.rate,
+                l.seconds,
+                l.delivered,
+                l.inserted,
+                l.p50_ms,
+                l.p99_ms,
+                l.max_ms,
+                l.relay_cpu.subject,
+                l.relay_peak_rss_mib
+                    .map_or("–".into(), |r| format!("{r:.1}"))
+            );
+        }
+        out
+    }
+}
+
+impl WorkloadResult {
+    pub fn workload_name(&self) -> &'static str {
+        self.workload.name()
+    }
+}

@@ -1,0 +1,359 @@
+//! Throughput mode: for each workload, the ceiling (best of 1/2/4 connections), the relay at
+//! its defaults, a sweep of settings, the relay at the best of them, and the naive loop, all
+//! side by side in one run so the ratios hold even on a noisy machine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_relay::migrate::MigrationOptions;
+use outbox_relay::table::DeliveryMode;
+use serde::Serialize;
+
+use crate::broker::Destination;
+use crate::ceiling;
+use crate::consumer_process::ConsumerProcess;
+use crate::env::Env;
+use crate::fixture::{Fixture, sample_payloads};
+use crate::measure::Measurement;
+use crate::naive;
+use crate::names::{RunNames, next_run};
+use crate::relay_run::{Until, measure_relay};
+use crate::stats::Spread;
+use crate::workload::Workload;
+
+/// Relay settings tried in the sweep; the default is always measured on its own.
+#[derive(Debug, Clone, Serialize)]
+pub struct RelaySettings {
+    pub label: String,
+    pub args: Vec<String>,
+}
+
+impl RelaySettings {
+    pub fn defaults() -> Self {
+        Self {
+            label: "defaults".into(),
+            args: Vec::new(),
+        }
+    }
+
+    pub fn with(workers: usize, batch: usize) -> Self {
+        Self {
+            label: format!("w{workers}-b{batch}"),
+            args: vec![
+                "--workers".into(),
+                workers.to_string(),
+                "--batch-size".into(),
+                batch.to_string(),
+            ],
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ThroughputOptions {
+    pub workloads: Vec<Workload>,
+    pub rows: Option<u64>,
+    pub runs: usize,
+    pub window: Duration,
+    pub connections: Vec<usize>,
+    pub sweep: Vec<RelaySettings>,
+    /// Drain the table in every relay run and check every row arrived (smoke).
+    pub drain: bool,
+}
+
+/// Several runs of one contender.
+#[derive(Debug, Clone, Serialize)]
+pub struct Contender {
+    pub label: String,
+    pub rate: Spread,
+    /// The run with the median rate: its CPU, memory, stages and time series.
+    pub median_run: Measurement,
+}
+
+impl Contender {
+    fn of(label: String, runs: Vec<Measurement>) -> Self {
+        let rates: Vec<f64> = runs.iter().map(|m| m.rate).collect();
+        let rate = Spread::of(&rates);
+        let median_run = runs
+            .into_iter()
+            .min_by(|a, b| {
+                (a.rate - rate.median)
+                    .abs()
+                    .total_cmp(&(b.rate - rate.median).abs())
+            })
+            .unwrap_or_default();
+        Self {
+            label,
+            rate,
+            median_run,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadResult {
+    pub workload: Workload,
+    pub rows: u64,
+    pub payload_bytes: usize,
+    /// One entry per connection count.
+    pub ceiling_by_connections: Vec<Contender>,
+    pub ceiling: Contender,
+    pub relay_defaults: Contender,
+    /// One run per setting tried.
+    pub sweep: Vec<(String, f64)>,
+    pub relay_best: Contender,
+    pub naive: Contender,
+    pub relay_over_ceiling: f64,
+    pub best_over_ceiling: f64,
+    pub relay_over_naive: f64,
+    pub best_over_naive: f64,
+}
+
+/// The measured table for relay runs; reseeded when too little is left pending so that every
+/// run has a full window's worth of rows, vacuumed otherwise so each starts clean.
+struct Table {
+    fixture: Option<Fixture>,
+    name: String,
+    workload: Workload,
+    rows: u64,
+    database_url: String,
+    reseed_below: u64,
+}
+
+impl Table {
+    async fn ready(&mut self) -> anyhow::Result<&Fixture> {
+        let reseed = match &self.fixture {
+            None => true,
+            Some(f) => (f.pending().await? as u64) < self.reseed_below,
+        };
+        if reseed {
+            if let Some(old) = self.fixture.take() {
+                old.drop_table().await?;
+            }
+            eprintln!("  seeding {} rows into {}", self.rows, self.name);
+            self.fixture = Some(
+                Fixture::create(
+                    &self.database_url,
+                    &self.name,
+                    self.workload,
+                    self.rows,
+                    DeliveryMode::Mark,
+                    &MigrationOptions::default(),
+                )
+                .await?,
+            );
+        } else if let Some(f) = &self.fixture {
+            f.vacuum().await?;
+        }
+        Ok(self.fixture.as_ref().expect("set above"))
+    }
+
+    async fn drop_table(&mut self) -> anyhow::Result<()> {
+        if let Some(f) = self.fixture.take() {
+            f.drop_table().await?;
+        }
+        Ok(())
+    }
+}
+
+async fn relay_runs(
+    env: &Env,
+    names: &RunNames,
+    table: &mut Table,
+    settings: &RelaySettings,
+    runs: usize,
+    until: Until,
+) -> anyhow::Result<Vec<Measurement>> {
+    let mut measured = Vec::new();
+    for run in 0..runs {
+        let fixture = table.ready().await?;
+        let m = measure_relay(env, names, fixture, &settings.label, &settings.args, until).await?;
+        eprintln!(
+            "  relay {} run {}: {:.0} msg/s, relay CPU {:.1} s, peak RSS {:.1} MiB",
+            settings.label,
+            run + 1,
+            m.rate,
+            m.cpu.subject,
+            m.peak_rss_mib.unwrap_or_default()
+        );
+        measured.push(m);
+    }
+    Ok(measured)
+}
+
+async fn ceiling_runs(
+    env: &Env,
+    names: &RunNames,
+    workload: Workload,
+    payloads: Arc<Vec<Vec<u8>>>,
+    connections: usize,
+    options: &ThroughputOptions,
+) -> anyhow::Result<Vec<Measurement>> {
+    let mut measured = Vec::new();
+    for run in 0..options.runs {
+        let what = format!("{}.ceiling{connections}.{}", workload.name(), next_run());
+        let destination = Destination::declare(
+            &env.amqp_url,
+            names.exchange(&what),
+            workload.has_consumer().then(|| names.queue(&what)),
+        )
+        .await?;
+        let consumer = match destination.queue {
+            Some(_) => Some(ConsumerProcess::start(env, &destination, None).await?),
+            None => None,
+        };
+        let result = ceiling::run(
+            &env.amqp_url,
+            &destination.exchange,
+            payloads.clone(),
+            connections,
+            options.window,
+        )
+        .await;
+        if let Some(consumer) = consumer {
+            consumer.kill().await;
+        }
+        destination.delete(&env.amqp_url).await?;
+        let m = result?;
+        eprintln!(
+            "  ceiling {connections} connection(s) run {}: {:.0} msg/s",
+            run + 1,
+            m.rate
+        );
+        measured.push(m);
+    }
+    Ok(measured)
+}
+
+async fn naive_runs(
+    env: &Env,
+    names: &RunNames,
+    table: &mut Table,
+    options: &ThroughputOptions,
+) -> anyhow::Result<Vec<Measurement>> {
+    let mut measured = Vec::new();
+    for run in 0..options.runs {
+        let fixture = table.ready().await?;
+        let pending = fixture.pending().await? as u64;
+        let what = format!("{}.naive.{}", fixture.workload.name(), next_run());
+        let destination = Destination::declare(
+            &env.amqp_url,
+            names.exchange(&what),
+            fixture.workload.has_consumer().then(|| names.queue(&what)),
+        )
+        .await?;
+        let consumer = match destination.queue {
+            Some(_) => Some(ConsumerProcess::start(env, &destination, None).await?),
+            None => None,
+        };
+        let result = naive::run(
+            fixture,
+            &env.amqp_url,
+            &destination.exchange,
+            options.window,
+            pending,
+        )
+        .await;
+        if let Some(consumer) = consumer {
+            consumer.kill().await;
+        }
+        destination.delete(&env.amqp_url).await?;
+        let m = result?;
+        eprintln!("  naive run {}: {:.0} msg/s", run + 1, m.rate);
+        measured.push(m);
+    }
+    Ok(measured)
+}
+
+pub async fn run_workload(
+    env: &Env,
+    names: &RunNames,
+    workload: Workload,
+    options: &ThroughputOptions,
+) -> anyhow::Result<WorkloadResult> {
+    let rows = options.rows.unwrap_or(workload.default_rows());
+    eprintln!("== throughput, workload {} ({rows} rows)", workload.name());
+    let payloads = Arc::new(sample_payloads(&env.database_url, workload, 1000).await?);
+    let payload_bytes = payloads.iter().map(Vec::len).sum::<usize>() / payloads.len().max(1);
+
+    let mut ceiling_by_connections = Vec::new();
+    for &connections in &options.connections {
+        let runs =
+            ceiling_runs(env, names, workload, payloads.clone(), connections, options).await?;
+        ceiling_by_connections.push(Contender::of(format!("ceiling, {connections} conn"), runs));
+    }
+    let ceiling = ceiling_by_connections
+        .iter()
+        .max_by(|a, b| a.rate.median.total_cmp(&b.rate.median))
+        .cloned()
+        .expect("at least one connection count");
+
+    let mut table = Table {
+        fixture: None,
+        name: names.table(workload.name()),
+        workload,
+        rows,
+        database_url: env.database_url.clone(),
+        reseed_below: if options.drain { rows } else { rows / 2 },
+    };
+    let until = if options.drain {
+        Until::Drained {
+            timeout: Duration::from_secs(120),
+        }
+    } else {
+        Until::Window(options.window)
+    };
+    let outcome = async {
+        let defaults = RelaySettings::defaults();
+        let relay_defaults = Contender::of(
+            "relay, defaults".into(),
+            relay_runs(env, names, &mut table, &defaults, options.runs, until).await?,
+        );
+        let mut sweep = vec![(defaults.label.clone(), relay_defaults.rate.median)];
+        let mut best = (defaults.clone(), relay_defaults.rate.median);
+        for settings in &options.sweep {
+            let runs = relay_runs(env, names, &mut table, settings, 1, until).await?;
+            let rate = runs[0].rate;
+            sweep.push((settings.label.clone(), rate));
+            if rate > best.1 {
+                best = (settings.clone(), rate);
+            }
+        }
+        let relay_best = if best.0.label == defaults.label {
+            Contender {
+                label: "relay, best (= defaults)".into(),
+                ..relay_defaults.clone()
+            }
+        } else {
+            Contender::of(
+                format!("relay, best ({})", best.0.label),
+                relay_runs(env, names, &mut table, &best.0, options.runs, until).await?,
+            )
+        };
+        let naive = Contender::of(
+            "naive".into(),
+            naive_runs(env, names, &mut table, options).await?,
+        );
+        anyhow::Ok((relay_defaults, sweep, relay_best, naive))
+    }
+    .await;
+    table.drop_table().await?;
+    let (relay_defaults, sweep, relay_best, naive) = outcome?;
+
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    Ok(WorkloadResult {
+        workload,
+        rows,
+        payload_bytes,
+        relay_over_ceiling: ratio(relay_defaults.rate.median, ceiling.rate.median),
+        best_over_ceiling: ratio(relay_best.rate.median, ceiling.rate.median),
+        relay_over_naive: ratio(relay_defaults.rate.median, naive.rate.median),
+        best_over_naive: ratio(relay_best.rate.median, naive.rate.median),
+        ceiling_by_connections,
+        ceiling,
+        relay_defaults,
+        sweep,
+        relay_best,
+        naive,
+    })
+}
