@@ -35,7 +35,7 @@ use crate::error::Error;
 use crate::events::{self, reasons};
 use crate::metrics::Metrics;
 use crate::migration::{MigrationKey, MigrationMemory, MigrationOutcome, migrate_once};
-use crate::replicas::decide_replicas;
+use crate::scaling::{ScalingMemory, ScalingOutcome, decide_scale};
 use crate::secrets::{dereference_secrets, referenced_secret_names};
 use crate::status::{Observation, failed_status, healthy_status};
 use crate::validation::validate;
@@ -71,6 +71,7 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub migrations: MigrationMemory,
+    pub scaling: ScalingMemory,
     pub failures: FailureCounts,
     pub settings: Settings,
 }
@@ -86,6 +87,7 @@ impl Context {
             client,
             metrics,
             migrations: MigrationMemory::default(),
+            scaling: ScalingMemory::default(),
             failures: FailureCounts::default(),
             settings,
         }
@@ -177,12 +179,22 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         .get_opt(&name)
         .await
         .map_err(Error::ObserveDeployment)?;
-    let replicas = decide(relay, live.as_ref()).await?;
+    let scale = decide_scale(
+        &relay.spec,
+        &plan,
+        &secrets.database_url,
+        &report_name(relay),
+        live.as_ref(),
+        &ctx.scaling,
+        chrono::Utc::now(),
+    )
+    .await;
+    let existed = live.is_some();
     let desired = build_deployment(
         relay,
         &plan,
         &secrets.fingerprint(),
-        replicas.replicas,
+        scale.replicas,
         &ctx.settings.build,
     );
 
@@ -215,15 +227,16 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
                 EventType::Normal,
                 reason,
                 "ApplyDeployment",
-                format!(
-                    "{verb} Deployment {name} with {} replicas",
-                    replicas.replicas
-                ),
+                format!("{verb} Deployment {name} with {} replicas", scale.replicas),
             )
             .await;
             applied
         }
     };
+
+    if existed {
+        announce_scaling(relay, ctx, &scale).await;
+    }
 
     // 6. Status
     let observation = Observation {
@@ -231,8 +244,9 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         table: plan.table.name.to_string(),
         migration: &migration,
         deployment: &observed,
-        desired_replicas: replicas.replicas,
+        desired_replicas: scale.replicas,
         selector: selector_string(relay),
+        scaling: &scale,
     };
     let status = healthy_status(relay.status.as_ref(), &observation, Timestamp::now());
     write_status(relay, ctx, &status).await?;
@@ -244,15 +258,34 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
     })
 }
 
-/// Observe and decide the replicas. Today: `spec.replicas`, or what runs within the scaling
-/// bounds. The autoscaler replaces the body: read the lag reports (or measure the backlog with
-/// the relay crate while no pod runs), then call the pure `recommend(history, now, observation,
-/// spec)`, keeping its history in the [`Context`]. It may fail with its own [`Error`] variant.
-async fn decide(
-    relay: &OutboxRelay,
-    live: Option<&Deployment>,
-) -> Result<crate::replicas::ReplicaDecision, Error> {
-    Ok(decide_replicas(&relay.spec, live))
+/// ScaledUp / ScaledDown events, with the numbers that led there.
+async fn announce_scaling(relay: &OutboxRelay, ctx: &Context, scale: &ScalingOutcome) {
+    // Manual changes are announced as DeploymentUpdated; these events are the autoscaler's.
+    let (Some(recommendation), Some(observation)) = (&scale.recommendation, &scale.observation)
+    else {
+        return;
+    };
+    if !scale.changed() {
+        return;
+    }
+    let (reason, direction) = if scale.replicas > scale.previous {
+        (reasons::SCALED_UP, "up")
+    } else {
+        (reasons::SCALED_DOWN, "down")
+    };
+    let why = recommendation.message(observation);
+    events::publish(
+        &ctx.recorder,
+        relay,
+        EventType::Normal,
+        reason,
+        "Scale",
+        format!(
+            "scaled {direction} from {} to {} replicas: {why}",
+            scale.previous, scale.replicas
+        ),
+    )
+    .await;
 }
 
 async fn announce_migration(relay: &OutboxRelay, ctx: &Context, migration: &MigrationOutcome) {

@@ -26,6 +26,9 @@ pub enum Error {
     /// The message is already redacted.
     #[error("migration failed: {0}")]
     MigrationFailed(String),
+    /// The message is already redacted.
+    #[error("reading the lag reports failed: {0}")]
+    ObserveLag(String),
     #[error("reading the relay Deployment failed: {0}")]
     ObserveDeployment(#[source] kube::Error),
     #[error("applying the relay Deployment failed: {0}")]
@@ -47,6 +50,7 @@ impl Error {
             Error::InvalidSpec(_) => "invalid_spec",
             Error::DatabaseUnreachable(_) => "database_unreachable",
             Error::MigrationFailed(_) => "migration_failed",
+            Error::ObserveLag(_) => "observe_lag",
             Error::ObserveDeployment(_) => "observe_deployment",
             Error::ApplyDeployment(_) => "apply_deployment",
             Error::PatchStatus(_) => "patch_status",
@@ -65,6 +69,7 @@ impl Error {
             Error::InvalidSpec(_) => Some("InvalidSpec"),
             Error::DatabaseUnreachable(_) => Some("DatabaseUnreachable"),
             Error::MigrationFailed(_) => Some("MigrationFailed"),
+            Error::ObserveLag(_) => Some("LagUnavailable"),
             Error::MissingNamespace => Some("InvalidSpec"),
             // The API server refused the Deployment itself: something in the spec (a label,
             // a toleration, a resource quantity) is not valid there. The user must fix it.

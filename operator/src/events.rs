@@ -12,6 +12,8 @@ pub mod reasons {
     pub const INVALID_INDEX_REBUILT: &str = "InvalidIndexRebuilt";
     pub const DEPLOYMENT_CREATED: &str = "DeploymentCreated";
     pub const DEPLOYMENT_UPDATED: &str = "DeploymentUpdated";
+    pub const SCALED_UP: &str = "ScaledUp";
+    pub const SCALED_DOWN: &str = "ScaledDown";
 }
 
 /// Publishes one event about `relay`.

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::controller::{Context, Settings};
 use crate::metrics::Metrics;
 
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+pub type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
 /// One request as the server received it.
 #[derive(Debug, Clone)]

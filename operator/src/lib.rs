@@ -2,7 +2,7 @@
 //! process around it (metrics, health, leader election).
 //!
 //! One module per concern: the resource ([`crd`], [`crdgen`]), the reconcile steps
-//! ([`secrets`], [`validation`], [`migration`], [`replicas`], [`deployment`], [`status`]), their
+//! ([`secrets`], [`validation`], [`migration`], [`deployment`], [`status`]), their
 //! composition ([`controller`]), and the process ([`metrics`], [`telemetry`], [`leader`],
 //! [`server`]).
 
@@ -14,11 +14,12 @@ pub mod crdgen;
 pub mod deployment;
 pub mod error;
 pub mod events;
+pub mod lag;
 pub mod leader;
 pub mod metrics;
 pub mod migration;
-pub mod replicas;
 pub mod run;
+pub mod scaling;
 pub mod secrets;
 pub mod server;
 pub mod status;

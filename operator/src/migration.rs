@@ -102,7 +102,7 @@ pub async fn migrate_once(
     }
 }
 
-async fn connect(database_url: &SecretUrl) -> Result<PgConnection, Error> {
+pub(crate) async fn connect(database_url: &SecretUrl) -> Result<PgConnection, Error> {
     let attempt = PgConnection::connect(database_url.expose());
     match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
         Ok(Ok(conn)) => Ok(conn),
@@ -148,7 +148,7 @@ fn describe_for_spec(error: &MigrateError) -> String {
 
 /// Driver messages do not include the password, but a message that quotes a connection string
 /// would; never let one through.
-fn redact(message: &str, url: &SecretUrl) -> String {
+pub(crate) fn redact(message: &str, url: &SecretUrl) -> String {
     let mut text = message.replace(url.expose(), url.redacted());
     if let Some(password) = url.password().filter(|p| !p.is_empty()) {
         text = text.replace(&password, "***");

@@ -183,6 +183,16 @@ fn settled_relay(table: &str, generation: i64) -> (OutboxRelay, Value, String) {
     let live = served(serde_json::to_value(&deployment).unwrap(), 1, 1, 1);
     let live_typed: Deployment = serde_json::from_value(live.clone()).unwrap();
     let migrated = MigrationOutcome::AlreadyMigrated;
+    // Manual mode, one pod, no report yet: what the reconcile will observe.
+    let scaling = crate::scaling::ScalingOutcome {
+        replicas: 1,
+        previous: 1,
+        lag: Some(crate::lag::LagObservation::default()),
+        lag_problem: None,
+        recommendation: None,
+        observation: None,
+        last_scale_time: None,
+    };
     let observation = Observation {
         generation: Some(generation),
         table: table.to_string(),
@@ -190,6 +200,7 @@ fn settled_relay(table: &str, generation: i64) -> (OutboxRelay, Value, String) {
         deployment: &live_typed,
         desired_replicas: 1,
         selector: selector_string(&relay),
+        scaling: &scaling,
     };
     relay.status = Some(healthy_status(None, &observation, Timestamp::now()));
     (relay, live, fingerprint)
@@ -624,5 +635,193 @@ async fn a_missing_table_fails_the_migration_with_the_spec_field() {
 
     let error = reconcile(relay.into(), ctx).await.unwrap_err();
     assert_eq!(error.metric_label(), "migration_failed");
+    finish(server).await;
+}
+
+/// A relay with a scaling block, its table migrated (so the report table exists) and the
+/// migration remembered, so the script starts at the Deployment.
+async fn scaling_relay(
+    min: i32,
+    max: i32,
+    target: i64,
+) -> (
+    OutboxRelay,
+    String,
+    std::sync::Arc<crate::controller::Context>,
+    crate::fixtures::Handle,
+) {
+    // Each test gets its own schema, so its report table is its own: the reports of all
+    // these tests speak for the same relay name, shop/orders.
+    let table = create_outbox_table().await;
+    let schema = format!("s_{}", uuid::Uuid::new_v4().simple());
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA {schema}; ALTER TABLE \"{table}\" SET SCHEMA {schema}"
+    )))
+    .execute(&mut connect().await)
+    .await
+    .unwrap();
+    let table = format!("{schema}.{table}");
+    let mut relay = sample_relay("orders", spec_for_table(&table));
+    relay.spec.scaling = Some(
+        serde_json::from_value(
+            json!({"minReplicas": min, "maxReplicas": max, "targetBacklogPerReplica": target}),
+        )
+        .unwrap(),
+    );
+    let plan = validate(&relay.spec).unwrap();
+    outbox_relay::migrate::migrate(&mut connect().await, &plan.table, &plan.migration)
+        .await
+        .unwrap();
+    let (ctx, handle) = mock_context(Settings::default());
+    ctx.migrations.remember(MigrationKey {
+        relay_uid: "uid-orders".into(),
+        generation: 1,
+        secrets_fingerprint: "orders-amqp=7,orders-db=7".into(),
+    });
+    (relay, table, ctx, handle)
+}
+
+fn live_deployment(relay: &OutboxRelay, replicas: i32) -> Value {
+    let plan = validate(&relay.spec).unwrap();
+    let fingerprint = "orders-amqp=7,orders-db=7";
+    let deployment = build_deployment(
+        relay,
+        &plan,
+        fingerprint,
+        replicas,
+        &BuildSettings::default(),
+    );
+    served(
+        serde_json::to_value(&deployment).unwrap(),
+        1,
+        replicas,
+        replicas,
+    )
+}
+
+fn outbox_table(table: &str) -> outbox_relay::table::OutboxTable {
+    outbox_relay::table::OutboxTable::new(outbox_relay::ident::TableName::parse(table).unwrap())
+}
+
+async fn report_backlog(table: &str, pod: &str, backlog: Option<i64>, rate: f64) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {} (relay, pod, backlog, publish_rate) VALUES ('shop/orders', $1, $2, $3)",
+        outbox_table(table).reports_table().quoted()
+    )))
+    .bind(pod)
+    .bind(backlog)
+    .bind(rate)
+    .execute(&mut connect().await)
+    .await
+    .unwrap();
+}
+
+fn scale_event(reason: &'static str, needle: &'static str) -> Step {
+    Step::write(
+        Method::POST,
+        "/apis/events.k8s.io/v1/namespaces/shop/events",
+        move |body| {
+            assert_eq!(body["reason"], reason, "{body}");
+            let note = body["note"].as_str().unwrap_or_default();
+            assert!(note.contains(needle), "{note}");
+        },
+    )
+}
+
+#[tokio::test]
+async fn reported_backlog_scales_up_within_the_rate_policy_with_an_event() {
+    let (relay, table, ctx, handle) = scaling_relay(1, 10, 1000).await;
+    report_backlog(&table, "orders-a", Some(9_000), 120.0).await;
+    report_backlog(&table, "orders-b", None, 80.0).await;
+    let mut script = secret_steps();
+    script.push(Step::get(DEPLOYMENT, Reply::ok(live_deployment(&relay, 1))));
+    script.push(Step::new(Method::PATCH, DEPLOYMENT, |body| {
+        // 9 asked for; from 1 pod the default policies allow max(+100 %, +4) = 5.
+        assert_eq!(body["spec"]["replicas"], 5);
+        Reply::ok(served(body.clone(), 2, 1, 5))
+    }));
+    script.push(Step::event(NS, "DeploymentUpdated"));
+    script.push(scale_event(
+        "ScaledUp",
+        "from 1 to 5 replicas: backlog 9000 asks for 9",
+    ));
+    script.push(patch_status(|body| {
+        let status = sent_status(body);
+        assert_eq!(status.desired_replicas, Some(5));
+        assert_eq!(status.backlog, Some(9_000));
+        assert_eq!(status.publish_rate, Some(200.0));
+        assert!(status.last_scale_time.is_some());
+        assert_eq!(
+            condition(&status, "ScalingActive"),
+            pair("True", "ValidBacklog")
+        );
+        assert_eq!(
+            condition(&status, "ScalingLimited"),
+            pair("True", "ScaleUpLimit")
+        );
+    }));
+    let server = serve(handle, script);
+    let action = reconcile(relay.into(), ctx).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(15)));
+    finish(server).await;
+}
+
+#[tokio::test]
+async fn at_zero_pods_the_operator_measures_and_wakes_the_relay() {
+    let (relay, table, ctx, handle) = scaling_relay(0, 4, 1000).await;
+    let mut conn = connect().await;
+    outbox_relay::seed::copy_rows(&mut conn, &outbox_table(&table), 30, 50, |_| {})
+        .await
+        .unwrap();
+    let mut script = secret_steps();
+    script.push(Step::get(DEPLOYMENT, Reply::ok(live_deployment(&relay, 0))));
+    script.push(Step::new(Method::PATCH, DEPLOYMENT, |body| {
+        assert_eq!(body["spec"]["replicas"], 1);
+        Reply::ok(served(body.clone(), 2, 0, 1))
+    }));
+    script.push(Step::event(NS, "DeploymentUpdated"));
+    script.push(scale_event("ScaledUp", "from 0 to 1 replicas: backlog 30"));
+    script.push(patch_status(|body| {
+        let status = sent_status(body);
+        assert_eq!(status.backlog, Some(30));
+        let active = conditions::find(&status.conditions, "ScalingActive").unwrap();
+        assert!(
+            active.message.contains("measured by the operator"),
+            "{}",
+            active.message
+        );
+    }));
+    let server = serve(handle, script);
+    reconcile(relay.into(), ctx).await.unwrap();
+    finish(server).await;
+}
+
+#[tokio::test]
+async fn stale_reports_run_the_fallback_never_zero() {
+    let (mut relay, _table, ctx, handle) = scaling_relay(0, 10, 1000).await;
+    relay.spec.scaling.as_mut().unwrap().fallback.replicas = 2;
+    // Three pods run, none has reported: the backlog is unknown.
+    let mut script = secret_steps();
+    script.push(Step::get(DEPLOYMENT, Reply::ok(live_deployment(&relay, 3))));
+    script.push(Step::new(Method::PATCH, DEPLOYMENT, |body| {
+        assert_eq!(body["spec"]["replicas"], 2);
+        Reply::ok(served(body.clone(), 2, 2, 2))
+    }));
+    script.push(Step::event(NS, "DeploymentUpdated"));
+    script.push(scale_event("ScaledDown", "fallback of 2 replicas"));
+    script.push(patch_status(|body| {
+        let status = sent_status(body);
+        assert_eq!(status.desired_replicas, Some(2));
+        assert_eq!(
+            condition(&status, "ScalingActive"),
+            pair("False", "StaleReports")
+        );
+        assert_eq!(
+            condition(&status, "ScalingLimited"),
+            pair("True", "StaleReports")
+        );
+    }));
+    let server = serve(handle, script);
+    reconcile(relay.into(), ctx).await.unwrap();
     finish(server).await;
 }

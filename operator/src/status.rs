@@ -5,12 +5,15 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use outbox_relay::migrate::IndexAction;
 
+use crate::autoscaler::{Limit, Reason};
 use crate::conditions::{
-    self, ConditionStatus, DEGRADED, INDEX_READY, NewCondition, READY, set_condition,
+    self, ConditionStatus, DEGRADED, INDEX_READY, NewCondition, READY, SCALING_ACTIVE,
+    SCALING_LIMITED, set_condition,
 };
 use crate::crd::OutboxRelayStatus;
 use crate::error::Error;
 use crate::migration::MigrationOutcome;
+use crate::scaling::ScalingOutcome;
 
 /// What a successful pass through the pipeline saw.
 #[derive(Debug, Clone)]
@@ -22,6 +25,7 @@ pub struct Observation<'a> {
     pub deployment: &'a Deployment,
     pub desired_replicas: i32,
     pub selector: String,
+    pub scaling: &'a ScalingOutcome,
 }
 
 /// Status after a pass that reached the end of the pipeline.
@@ -38,6 +42,10 @@ pub fn healthy_status(
     status.ready_replicas = Some(deployment_status.ready_replicas.unwrap_or(0));
     status.desired_replicas = Some(observed.desired_replicas);
     status.selector = Some(observed.selector.clone());
+    apply_lag(&mut status, observed.scaling);
+    let (active, limited) = scaling_conditions(observed.scaling);
+    set_condition(&mut status.conditions, active, generation, now);
+    set_condition(&mut status.conditions, limited, generation, now);
 
     let index = index_condition(&status, observed);
     let index_ready = index.status == ConditionStatus::True;
@@ -95,6 +103,86 @@ pub fn failed_status(
         );
     }
     status
+}
+
+/// Copies what was observed of the lag into the status; a round that could not observe it
+/// leaves the last known figures.
+fn apply_lag(status: &mut OutboxRelayStatus, scaling: &ScalingOutcome) {
+    if let Some(lag) = &scaling.lag {
+        status.backlog = lag.backlog;
+        status.backlog_capped = lag.backlog.map(|_| lag.backlog_capped);
+        status.oldest_age_seconds = lag
+            .oldest_age_seconds
+            .map(|age| (age * 10.0).round() / 10.0);
+        // A relay at zero pods publishes nothing; no report is not "unknown" there.
+        status.publish_rate = Some((lag.publish_rate * 10.0).round() / 10.0);
+    }
+    if let Some(at) = scaling.last_scale_time
+        && let Ok(timestamp) = Timestamp::from_second(at.timestamp())
+    {
+        status.last_scale_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            timestamp,
+        ));
+    }
+}
+
+/// ScalingActive (can the autoscaler compute from fresh data?) and ScalingLimited (is the
+/// recommendation held back from what the backlog asks for?), named as the HPA names them.
+pub fn scaling_conditions(scaling: &ScalingOutcome) -> (NewCondition, NewCondition) {
+    let (Some(recommendation), Some(observation)) = (&scaling.recommendation, &scaling.observation)
+    else {
+        let message = format!(
+            "spec.scaling is not set; spec.replicas ({}) decides",
+            scaling.replicas
+        );
+        return (
+            NewCondition::new(SCALING_ACTIVE, false, "ScalingDisabled", message.clone()),
+            NewCondition::new(SCALING_LIMITED, false, "ScalingDisabled", message),
+        );
+    };
+    let message = recommendation.message(observation);
+    match recommendation.reason {
+        Reason::Paused => (
+            NewCondition::new(SCALING_ACTIVE, false, "Paused", message.clone()),
+            NewCondition::new(SCALING_LIMITED, true, "Paused", message),
+        ),
+        Reason::StaleReports => {
+            let why = scaling
+                .lag_problem
+                .clone()
+                .unwrap_or_else(|| "no relay pod reported the backlog recently".into());
+            (
+                NewCondition::new(
+                    SCALING_ACTIVE,
+                    false,
+                    "StaleReports",
+                    format!("{why}; {message}"),
+                ),
+                NewCondition::new(SCALING_LIMITED, true, "StaleReports", message),
+            )
+        }
+        Reason::Backlog => {
+            let source = match &scaling.lag {
+                Some(lag) if lag.measured_by_operator => {
+                    "measured by the operator (no pod running)"
+                }
+                _ => "reported by the relay pods",
+            };
+            let active = NewCondition::new(
+                SCALING_ACTIVE,
+                true,
+                "ValidBacklog",
+                format!("backlog {} {source}", observation.backlog.unwrap_or(0)),
+            );
+            let limited = match recommendation.limit {
+                Some(limit) if limit != Limit::WithinTolerance => {
+                    NewCondition::new(SCALING_LIMITED, true, limit.reason(), message)
+                }
+                _ => NewCondition::new(SCALING_LIMITED, false, "DesiredWithinRange", message),
+            };
+            (active, limited)
+        }
+    }
 }
 
 fn index_condition(status: &OutboxRelayStatus, observed: &Observation<'_>) -> NewCondition {
@@ -211,7 +299,21 @@ mod tests {
             deployment: d,
             desired_replicas: desired,
             selector: "a=b".into(),
+            scaling: manual(),
         }
+    }
+
+    fn manual() -> &'static ScalingOutcome {
+        static MANUAL: std::sync::OnceLock<ScalingOutcome> = std::sync::OnceLock::new();
+        MANUAL.get_or_init(|| ScalingOutcome {
+            replicas: 1,
+            previous: 1,
+            lag: None,
+            lag_problem: None,
+            recommendation: None,
+            observation: None,
+            last_scale_time: None,
+        })
     }
 
     fn condition<'a>(status: &'a OutboxRelayStatus, type_: &str) -> (&'a str, &'a str) {
