@@ -54,6 +54,8 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await?;
+    // The actual port matters when the configured one is 0 (tests, several relays on a host).
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, router(metrics))
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
