@@ -16,7 +16,7 @@ fn fuzz_accepted_identifiers_round_trip_through_postgresql() {
         .ok()
         .and_then(|c| c.parse().ok())
         .unwrap_or(64);
-    let conn = std::cell::RefCell::new(conn);
+    let conn = tokio::sync::Mutex::new(conn);
     let mut runner = TestRunner::new(Config {
         cases,
         ..Config::default()
@@ -26,7 +26,7 @@ fn fuzz_accepted_identifiers_round_trip_through_postgresql() {
             let ident = Ident::new(&name).expect("the generator only makes valid names");
             let table = TableName::parse(&format!("{schema}.{name}")).unwrap();
             let stored: String = runtime.block_on(async {
-                let mut conn = conn.borrow_mut();
+                let mut conn = conn.lock().await;
                 db::exec(&mut conn, &format!("DROP TABLE IF EXISTS {0}; CREATE TABLE {0} ({1} int)", table.quoted(), ident.quoted()))
                     .await;
                 sqlx::query_scalar(
@@ -43,7 +43,7 @@ fn fuzz_accepted_identifiers_round_trip_through_postgresql() {
         })
         .unwrap();
     runtime.block_on(db::exec(
-        &mut conn.borrow_mut(),
+        &mut conn.blocking_lock(),
         &format!("DROP SCHEMA {schema} CASCADE"),
     ));
 }
