@@ -1,11 +1,15 @@
 //! Support for the cross-component tests: unique tables and exchanges per test, a consumer
 //! that records every message id, and real `outbox-relay` processes.
 
+pub mod apiserver;
 pub mod broker;
 pub mod chaos;
+pub mod cluster;
 pub mod db;
+pub mod kubelet;
 pub mod process;
 pub mod proxy;
+pub mod timeline;
 
 /// A short unique suffix for table, exchange and queue names, so tests never share data.
 pub fn unique(prefix: &str) -> String {
