@@ -825,3 +825,182 @@ async fn stale_reports_run_the_fallback_never_zero() {
     reconcile(relay.into(), ctx).await.unwrap();
     finish(server).await;
 }
+
+/// Collects everything the operator logs during a test, to search it for secrets.
+#[derive(Clone, Default)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// Bad input, table-driven: each case becomes Ready=False with a reason and a message naming
+/// the field, a Warning event, no Deployment write and no migration; and no Secret value
+/// shows up in any request, log line or error.
+#[tokio::test]
+async fn bad_input_becomes_a_condition_naming_the_field_and_writes_nothing() {
+    type Mutation = Box<dyn Fn(&mut OutboxRelay)>;
+    let table = create_outbox_table().await;
+    let cases: Vec<(Mutation, Option<&str>, &str, &str)> = vec![
+        (
+            Box::new(|r| r.spec.database.table = "orders\"; DROP TABLE x; --".into()),
+            None,
+            "InvalidSpec",
+            "spec.database.table",
+        ),
+        (
+            Box::new(|r| r.spec.database.table = "tab le".into()),
+            None,
+            "InvalidSpec",
+            "spec.database.table",
+        ),
+        (
+            Box::new(|r| r.spec.database.table = "tablé".into()),
+            None,
+            "InvalidSpec",
+            "spec.database.table",
+        ),
+        (
+            Box::new(|r| r.spec.database.table = "t".repeat(64)),
+            None,
+            "InvalidSpec",
+            "spec.database.table",
+        ),
+        (
+            Box::new(|r| r.spec.database.table = String::new()),
+            None,
+            "InvalidSpec",
+            "spec.database.table",
+        ),
+        (
+            Box::new(|r| r.spec.database.columns.payload = "pay;load".into()),
+            None,
+            "InvalidSpec",
+            "spec.database.columns.payload",
+        ),
+        (
+            Box::new(|r| r.spec.relay.batch_size = -1),
+            None,
+            "InvalidSpec",
+            "spec.relay.batchSize",
+        ),
+        (
+            Box::new(|r| r.spec.relay.batch_size = i32::MAX),
+            None,
+            "InvalidSpec",
+            "spec.relay.batchSize",
+        ),
+        (
+            Box::new(|r| r.spec.relay.workers_per_pod = 0),
+            None,
+            "InvalidSpec",
+            "spec.relay.workersPerPod",
+        ),
+        (
+            Box::new(|r| r.spec.relay.publish_timeout = "soon".into()),
+            None,
+            "InvalidSpec",
+            "spec.relay.publishTimeout",
+        ),
+        (
+            Box::new(|r| r.spec.broker.exchange = "x".repeat(300)),
+            None,
+            "InvalidSpec",
+            "spec.broker.exchange",
+        ),
+        (
+            Box::new(|_| {}),
+            Some(&"mysql://root:{canary}@db/x"),
+            "SecretValueInvalid",
+            "orders-db",
+        ),
+        (
+            Box::new(|_| {}),
+            Some(&"postgres://:{canary}@/x"),
+            "SecretValueInvalid",
+            "orders-db",
+        ),
+    ];
+    let logs = LogBuffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_max_level(tracing::Level::TRACE)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    for (mutate, db_url, reason, field) in cases {
+        let mut relay = sample_relay("orders", spec_for_table(&table));
+        mutate(&mut relay);
+        let (ctx, handle) = mock_context(Settings::default());
+        let db_secret = match db_url {
+            None => db_secret(),
+            Some(url) => serde_json::to_value(secret(
+                "orders-db",
+                "url",
+                &url.replace("{canary}", LEAK_CANARY),
+            ))
+            .unwrap(),
+        };
+        let expected_reason = reason;
+        let expected_field = field.to_string();
+        let script = vec![
+            Step::get(format!("{SECRETS}/orders-db"), Reply::ok(db_secret)),
+            Step::get(format!("{SECRETS}/orders-amqp"), Reply::ok(amqp_secret())),
+            patch_status(move |body| {
+                let status = sent_status(body);
+                assert_eq!(condition(&status, READY), pair("False", expected_reason));
+                assert_eq!(condition(&status, DEGRADED), pair("True", expected_reason));
+                let ready = conditions::find(&status.conditions, READY).unwrap();
+                assert!(
+                    ready.message.contains(&expected_field),
+                    "{} does not name {expected_field}",
+                    ready.message
+                );
+            }),
+            Step::event(NS, reason),
+        ];
+        let server = serve(handle, script);
+        let error = reconcile(relay.into(), ctx).await.unwrap_err();
+        assert_eq!(error.user_facing_reason(), Some(reason), "{error}");
+        assert!(!error.to_string().contains(LEAK_CANARY), "{error}");
+        let seen = finish(server).await;
+        assert!(
+            !seen.iter().any(|e| e.uri.contains("/deployments/")),
+            "a bad spec must not touch the Deployment: {seen:#?}"
+        );
+        assert_no_secret_leaked(&seen);
+    }
+    // Nothing was migrated: the table has no pending-row index.
+    let indexes: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_indexes WHERE tablename = $1 AND indexname LIKE '%pending%'",
+    )
+    .bind(&table)
+    .fetch_one(&mut connect().await)
+    .await
+    .unwrap();
+    assert_eq!(indexes, 0);
+    let logged = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(
+        !logged.is_empty(),
+        "the capture should have seen the reconciler's logs"
+    );
+    assert!(
+        !logged.contains(LEAK_CANARY),
+        "a Secret value reached the logs:\n{logged}"
+    );
+}
