@@ -925,13 +925,13 @@ async fn bad_input_becomes_a_condition_naming_the_field_and_writes_nothing() {
         ),
         (
             Box::new(|_| {}),
-            Some(&"mysql://root:{canary}@db/x"),
+            Some("mysql://root:{canary}@db/x"),
             "SecretValueInvalid",
             "orders-db",
         ),
         (
             Box::new(|_| {}),
-            Some(&"postgres://:{canary}@/x"),
+            Some("postgres://:{canary}@/x"),
             "SecretValueInvalid",
             "orders-db",
         ),
