@@ -6,6 +6,7 @@ pub mod broker;
 pub mod chaos;
 pub mod cluster;
 pub mod db;
+pub mod http;
 pub mod kubelet;
 pub mod process;
 pub mod proxy;

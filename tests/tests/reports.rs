@@ -4,39 +4,8 @@
 use std::time::Duration;
 
 use outbox_relay::reports::{read_reports, summarize};
+use outbox_tests::http::{get as http_get, metrics_addr};
 use outbox_tests::{db, process, unique};
-
-/// The address a relay logged for its HTTP server.
-fn metrics_addr(log: &str) -> Option<String> {
-    let line = log.lines().find(|l| l.contains("serving /metrics"))?;
-    let start = line.find("addr=")? + 5;
-    Some(
-        line[start..]
-            .split_whitespace()
-            .next()?
-            .trim_matches('"')
-            .to_string(),
-    )
-}
-
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.unwrap();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, text)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_pod_measures_every_pod_reports_and_stopped_pods_leave() {

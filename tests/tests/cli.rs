@@ -1,0 +1,159 @@
+//! The subcommands around `run`: lag, seed (bulk and steady), migrate's report, and the
+//! warning when publisher confirms are turned off.
+
+use std::time::{Duration, Instant};
+
+use lapin::ExchangeKind;
+use outbox_tests::{broker, db, process, unique};
+
+#[tokio::test]
+async fn lag_prints_backlog_and_age_as_text_and_json() {
+    let name = unique("lag");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 321).await;
+    db::exec(
+        &mut conn,
+        &format!(
+            "UPDATE {} SET occurred_on_utc = now() - interval '90 seconds'",
+            table.name.quoted()
+        ),
+    )
+    .await;
+    let url = outbox_tests::database_url();
+    let (code, text, err) =
+        process::run_relay_command(&["lag", "--database-url", &url, "--table", &name]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("backlog: 321\n"), "{text}");
+    assert!(text.contains("oldest pending age: 9"), "{text}");
+
+    let (code, json, _) = process::run_relay_command(&[
+        "lag",
+        "--database-url",
+        &url,
+        "--table",
+        &name,
+        "--json",
+        "--cap",
+        "100",
+    ])
+    .await;
+    assert_eq!(code, 0);
+    let value: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(value["backlog"], 100);
+    assert_eq!(value["backlogCapped"], true);
+    assert!(value["oldestAgeSeconds"].as_f64().unwrap() >= 90.0);
+}
+
+#[tokio::test]
+async fn seed_loads_in_bulk_and_at_a_steady_rate() {
+    let name = unique("seed");
+    let url = outbox_tests::database_url();
+    let (code, out, err) = process::run_relay_command(&[
+        "seed",
+        "--database-url",
+        &url,
+        "--table",
+        &name,
+        "--create-table",
+        "--rows",
+        "5000",
+        "--payload-bytes",
+        "300",
+        "--quiet",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("inserted 5000 rows"), "{out}");
+    let mut conn = db::connect().await;
+    let t = db::table(&name).name.quoted();
+    assert_eq!(
+        db::scalar_i64(&mut conn, &format!("SELECT count(*) FROM {t}")).await,
+        5000
+    );
+    let size = db::scalar_i64(
+        &mut conn,
+        &format!("SELECT avg(length(content::text))::bigint FROM {t}"),
+    )
+    .await;
+    assert!((280..=320).contains(&size), "payload size {size}");
+
+    let started = Instant::now();
+    let (code, _, err) = process::run_relay_command(&[
+        "seed",
+        "--database-url",
+        &url,
+        "--table",
+        &name,
+        "--rows",
+        "400",
+        "--rate",
+        "200",
+        "--quiet",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1800),
+        "400 rows at 200/s took only {took:?}"
+    );
+    assert_eq!(
+        db::scalar_i64(&mut conn, &format!("SELECT count(*) FROM {t}")).await,
+        5400
+    );
+}
+
+#[tokio::test]
+async fn migrate_says_what_it_did() {
+    let name = unique("migcli");
+    let table = db::table(&name);
+    let _conn = db::seeded_table(&table, 10).await;
+    let url = outbox_tests::database_url();
+    let (code, out, err) = process::run_relay_command(&[
+        "migrate",
+        "--database-url",
+        &url,
+        "--table",
+        &name,
+        "--notify",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!("created index {name}_pending_idx")),
+        "{out}"
+    );
+    assert!(out.contains("installed the NOTIFY trigger"), "{out}");
+    let (code, out, _) =
+        process::run_relay_command(&["migrate", "--database-url", &url, "--table", &name]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("already present and valid"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirms_off_warns_loudly_and_still_relays() {
+    let name = unique("noconf");
+    let table = db::table(&name);
+    let _conn = db::seeded_table(&table, 500).await;
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let mut relay = process::spawn_relay(
+        &name,
+        &[
+            "run",
+            "--table",
+            &name,
+            "--exchange",
+            &name,
+            "--publisher-confirms",
+            "false",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
+    );
+    assert_eq!(consumer.wait_for(500, Duration::from_secs(30)).await, 500);
+    assert_eq!(relay.terminate(Duration::from_secs(20)).await, Some(0));
+    let log = relay.log_text();
+    assert!(log.contains("publisher confirms are OFF"), "{log}");
+    assert!(log.contains("WARN"), "{log}");
+    consumer.close().await;
+}
