@@ -604,7 +604,7 @@ def relay_example():
 
 
 def docs_fields(crd_path):
-    """docs/user-guide.md names every field of the CRD's spec (a new field fails here until it is
+    """README.md names every field of the CRD's spec (a new field fails here until it is
     documented). Kubernetes' own types inside the spec (resources, affinity, ...) are not walked."""
     doc = load(crd_path)[0]
     version = doc["spec"]["versions"][0]
@@ -620,7 +620,7 @@ def docs_fields(crd_path):
                 walk(sub, path + [name])
 
     walk(spec, [])
-    text = open(os.path.join(ROOT, "docs/user-guide.md")).read()
+    text = open(os.path.join(ROOT, "README.md")).read()
     text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)  # fenced blocks are not field names
     spans = re.findall(r"`([^`\n]+)`", text)
 
@@ -632,9 +632,9 @@ def docs_fields(crd_path):
         if not fields:
             return "the CRD has no spec properties"
         missing = [".".join(f) for f in fields if not named(f)]
-        return not missing or f"spec fields not in docs/user-guide.md: {missing}"
+        return not missing or f"spec fields not in README.md: {missing}"
 
-    attempt(f"docs/user-guide.md names all {len(fields)} spec fields of the CRD", ok)
+    attempt(f"README.md names all {len(fields)} spec fields of the CRD", ok)
 
 
 if __name__ == "__main__":
