@@ -171,14 +171,7 @@ fn scale_up_limit(
     now: DateTime<Utc>,
 ) -> i32 {
     let limits = rules.policies.iter().map(|policy| {
-        let period = Duration::from_secs(policy.period_seconds.max(1) as u64);
-        let added: i32 = history
-            .changes
-            .iter()
-            .filter(|(at, delta)| *delta > 0 && since(now, *at) < period)
-            .map(|(_, delta)| delta)
-            .sum();
-        let start = (current - added).max(0);
+        let start = (current - history.changed_within(now, policy.period_seconds, 1)).max(0);
         match policy.kind {
             PolicyType::Pods => start + policy.value,
             PolicyType::Percent => {
@@ -208,14 +201,7 @@ fn scale_down_limit(
     now: DateTime<Utc>,
 ) -> i32 {
     let limits = rules.policies.iter().map(|policy| {
-        let period = Duration::from_secs(policy.period_seconds.max(1) as u64);
-        let removed: i32 = history
-            .changes
-            .iter()
-            .filter(|(at, delta)| *delta < 0 && since(now, *at) < period)
-            .map(|(_, delta)| -delta)
-            .sum();
-        let start = current + removed;
+        let start = current + history.changed_within(now, policy.period_seconds, -1);
         match policy.kind {
             PolicyType::Pods => start - policy.value,
             PolicyType::Percent => {
@@ -379,6 +365,17 @@ pub fn recommend(
 }
 
 impl ScalingHistory {
+    /// Pods added (`direction` 1) or removed (-1) during the last `period_seconds`: what a rate
+    /// policy counts against its period's starting point.
+    fn changed_within(&self, now: DateTime<Utc>, period_seconds: i32, direction: i32) -> i32 {
+        let period = Duration::from_secs(period_seconds.max(1) as u64);
+        self.changes
+            .iter()
+            .filter(|(at, delta)| delta.signum() == direction && since(now, *at) < period)
+            .map(|(_, delta)| delta.abs())
+            .sum()
+    }
+
     fn record_change(&mut self, now: DateTime<Utc>, from: i32, to: i32) {
         if from != to {
             self.changes.push_back((now, to - from));
