@@ -79,3 +79,12 @@ pub async fn all_ids(conn: &mut PgConnection, table: &OutboxTable) -> Vec<uuid::
     .await
     .expect("ids")
 }
+
+/// Waits until no row of `table` is pending; false when `timeout` passed first.
+pub async fn wait_until_drained(table: &OutboxTable, timeout: std::time::Duration) -> bool {
+    crate::process::eventually(timeout, || {
+        let table = table.clone();
+        async move { pending(&mut connect().await, &table).await == 0 }
+    })
+    .await
+}

@@ -33,11 +33,7 @@ async fn hundred_thousand_rows_four_workers_each_id_once() {
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
 
     let mut relay = process::spawn_relay(&name, &run_args(&name, &name, &["--workers", "4"]));
-    let drained = process::eventually(Duration::from_secs(180), || {
-        let t = table.clone();
-        async move { db::pending(&mut db::connect().await, &t).await == 0 }
-    })
-    .await;
+    let drained = db::wait_until_drained(&table, Duration::from_secs(180)).await;
     assert!(
         drained,
         "rows still pending; relay log:\n{}",

@@ -7,14 +7,6 @@ use lapin::ExchangeKind;
 use outbox_relay::ident::Ident;
 use outbox_tests::{broker, db, process, unique};
 
-async fn drained(table: &outbox_relay::table::OutboxTable, timeout: Duration) -> bool {
-    process::eventually(timeout, || {
-        let t = table.clone();
-        async move { db::pending(&mut db::connect().await, &t).await == 0 }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_run_then_restart_delivers_everything_with_bounded_duplicates() {
     let name = unique("kill");
@@ -48,7 +40,7 @@ async fn kill_9_mid_run_then_restart_delivers_everything_with_bounded_duplicates
 
     let mut restarted = process::spawn_relay(&name, &args);
     assert!(
-        drained(&table, Duration::from_secs(120)).await,
+        db::wait_until_drained(&table, Duration::from_secs(120)).await,
         "{}",
         restarted.log_text()
     );
@@ -116,7 +108,7 @@ async fn broker_connections_cut_mid_run_mark_nothing_unconfirmed_and_resume() {
     }
     assert!(cuts > 0, "no relay connection was found to cut");
     assert!(
-        drained(&table, Duration::from_secs(120)).await,
+        db::wait_until_drained(&table, Duration::from_secs(120)).await,
         "relay did not resume:\n{}",
         relay.log_text()
     );
@@ -187,7 +179,7 @@ async fn poison_rows_are_dead_lettered_after_max_attempts_while_the_rest_flows()
     ];
     let mut relay = process::spawn_relay(&name, &args);
     assert!(
-        drained(&table, Duration::from_secs(60)).await,
+        db::wait_until_drained(&table, Duration::from_secs(60)).await,
         "{}",
         relay.log_text()
     );
@@ -255,7 +247,7 @@ async fn sigterm_mid_run_exits_zero_and_a_restart_adds_no_duplicates() {
 
     let mut second = process::spawn_relay(&name, &args);
     assert!(
-        drained(&table, Duration::from_secs(120)).await,
+        db::wait_until_drained(&table, Duration::from_secs(120)).await,
         "{}",
         second.log_text()
     );
