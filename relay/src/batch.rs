@@ -9,7 +9,6 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::config::{AMQP_SHORT_STRING_MAX, RoutingKey};
-use crate::inspect::PayloadKind;
 use crate::metrics::{FailureReason, Metrics, Stage};
 use crate::publisher::{BatchOutcome, Delivery, Message, Publisher, Target, headers_from_json};
 use crate::sql::Statements;
@@ -25,7 +24,6 @@ pub struct BatchSettings {
     pub max_attempts: i32,
     pub has_attempts_column: bool,
     pub dead_letter_exchange: bool,
-    pub payload: PayloadKind,
 }
 
 /// A claimed row, decoded.
@@ -484,7 +482,6 @@ mod tests {
             max_attempts: 3,
             has_attempts_column: true,
             dead_letter_exchange: false,
-            payload: PayloadKind::Json,
         };
         let first = after_rejection(&row(), "nack".into(), &settings);
         assert!(matches!(first, RowOutcome::Retry(ref e) if e.starts_with("attempt 1/3")));

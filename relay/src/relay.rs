@@ -129,7 +129,6 @@ pub async fn run(
             max_attempts: config.max_attempts,
             has_attempts_column: config.db.table.columns.attempts.is_some(),
             dead_letter_exchange: config.dead_letter_exchange.is_some(),
-            payload: shape.payload,
         },
         poll_interval: config.poll_interval,
         metrics: metrics.clone(),
