@@ -65,10 +65,20 @@ pub fn spawn_relay(name: &str, args: &[&str]) -> RelayProcess {
 
 /// Runs `outbox-relay <args>` to completion and returns (exit code, stdout, stderr).
 pub async fn run_relay_command(args: &[&str]) -> (i32, String, String) {
+    run_relay_command_with_env(args, &[]).await
+}
+
+/// Like [`run_relay_command`], with these environment variables set (and no inherited
+/// `DATABASE_URL`/`AMQP_URL` unless given here).
+pub async fn run_relay_command_with_env(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, String, String) {
     let output = Command::new(binary("outbox-relay"))
         .args(args)
         .env_remove("DATABASE_URL")
         .env_remove("AMQP_URL")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .await

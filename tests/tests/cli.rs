@@ -157,3 +157,32 @@ async fn confirms_off_warns_loudly_and_still_relays() {
     assert!(log.contains("WARN"), "{log}");
     consumer.close().await;
 }
+
+#[tokio::test]
+async fn flags_override_the_environment_which_overrides_the_file() {
+    let (file_table, env_table, flag_table) = (unique("file"), unique("env"), unique("flag"));
+    for name in [&file_table, &env_table, &flag_table] {
+        db::seeded_table(&db::table(name), 1).await;
+    }
+    let url = outbox_tests::database_url();
+    let config = std::env::temp_dir().join(format!("{file_table}.yaml"));
+    std::fs::write(
+        &config,
+        format!("database_url: {url}\ntable: {file_table}\n"),
+    )
+    .unwrap();
+    let config = config.to_string_lossy().into_owned();
+
+    let (_, out, err) = process::run_relay_command(&["lag", "--config", &config]).await;
+    assert!(out.contains(&format!("table: {file_table}")), "{out}{err}");
+    let env = [("OUTBOX_RELAY_TABLE", env_table.as_str())];
+    let (_, out, _) =
+        process::run_relay_command_with_env(&["lag", "--config", &config], &env).await;
+    assert!(out.contains(&format!("table: {env_table}")), "{out}");
+    let (_, out, _) = process::run_relay_command_with_env(
+        &["lag", "--config", &config, "--table", &flag_table],
+        &env,
+    )
+    .await;
+    assert!(out.contains(&format!("table: {flag_table}")), "{out}");
+}
