@@ -107,6 +107,22 @@ impl TestCluster {
         format!("{NAMESPACE}/{name}")
     }
 
+    /// Every `spec.replicas` the relay's Deployment had, with the kubelet-clock second it was
+    /// written, consecutive repeats dropped: the exact scaling history.
+    pub fn replicas_history(&self, name: &str) -> Vec<(f64, i32)> {
+        let origin = self.kubelet.origin();
+        let mut history: Vec<(f64, i32)> = Vec::new();
+        for (at, deployment) in self.api.versions_of("deployments", NAMESPACE, name) {
+            let Some(replicas) = deployment["spec"]["replicas"].as_i64() else {
+                continue;
+            };
+            if history.last().map(|h| h.1) != Some(replicas as i32) {
+                history.push(((at - origin).as_seconds_f64(), replicas as i32));
+            }
+        }
+        history
+    }
+
     /// Reasons and notes of the events about the relay, oldest first.
     pub async fn events(&self, relay: &str) -> Vec<(String, String)> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), NAMESPACE);

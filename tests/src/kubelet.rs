@@ -97,6 +97,8 @@ pub struct Kubelet {
     state: Arc<Mutex<State>>,
     tasks: Vec<JoinHandle<()>>,
     started: Instant,
+    /// Wall-clock time of `started`, to put database timestamps on the same clock.
+    origin: chrono::DateTime<chrono::Utc>,
 }
 
 impl Kubelet {
@@ -121,6 +123,7 @@ impl Kubelet {
             .expect("the Deployment watch starts");
         let state = Arc::new(Mutex::new(State::default()));
         let started = Instant::now();
+        let origin = chrono::Utc::now();
         let sync = tokio::spawn(sync_loop(Syncer {
             client,
             deployments,
@@ -134,6 +137,7 @@ impl Kubelet {
             state,
             tasks: vec![watch, sync],
             started,
+            origin,
         }
     }
 
@@ -145,6 +149,11 @@ impl Kubelet {
     /// Seconds since the kubelet started, the clock of [`Self::timeline`].
     pub fn clock(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
+    }
+
+    /// The wall-clock time of the kubelet's start: zero on the clock of [`Self::timeline`].
+    pub fn origin(&self) -> chrono::DateTime<chrono::Utc> {
+        self.origin
     }
 
     /// Names of the pods of Deployment `namespace/name` whose process is alive.

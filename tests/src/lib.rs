@@ -10,6 +10,7 @@ pub mod http;
 pub mod kubelet;
 pub mod process;
 pub mod proxy;
+pub mod scaling_recorder;
 pub mod timeline;
 
 /// A short unique suffix for table, exchange and queue names, so tests never share data.

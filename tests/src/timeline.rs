@@ -95,18 +95,23 @@ pub fn draw(
         .x_desc("seconds")
         .y_desc("pods")
         .draw()?;
-    for (label, points, color) in [
-        ("replicas (Deployment spec)", &asked, BLUE),
-        ("relay processes running", &running, GREEN),
-    ] {
-        chart
-            .draw_series(LineSeries::new(
-                points.iter().copied(),
-                color.stroke_width(2),
-            ))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
-    }
+    // The two pod lines mostly coincide: the spec is drawn wide and pale, the processes
+    // dashed on top, so both stay visible.
+    let spec_style = BLUE.mix(0.4).stroke_width(6);
+    chart
+        .draw_series(LineSeries::new(asked.iter().copied(), spec_style))?
+        .label("replicas (Deployment spec)")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], spec_style));
+    let running_style = GREEN.mix(0.9).stroke_width(2);
+    chart
+        .draw_series(DashedLineSeries::new(
+            running.iter().copied(),
+            8,
+            5,
+            running_style,
+        ))?
+        .label("relay processes running")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], running_style));
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)

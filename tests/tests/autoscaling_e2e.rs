@@ -3,19 +3,31 @@
 //! RabbitMQ. Intervals are short so a scenario takes a minute or two; assertions are about
 //! what happens and in which order, with generous timeouts for a loaded machine.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::{Patch, PatchParams};
 use lapin::ExchangeKind;
 use outbox_operator::OutboxRelay;
+use outbox_operator::crd::ScalingSpec;
 use outbox_relay::table::OutboxTable;
-use outbox_tests::cluster::{TestCluster, relay_spec};
+use outbox_tests::cluster::{NAMESPACE, TestCluster, relay_spec};
 use outbox_tests::kubelet::KubeletConfig;
-use outbox_tests::{broker, db, process, unique};
+use outbox_tests::scaling_recorder::{Recording, ScalingRecorder, Subject};
+use outbox_tests::{broker, db, process, timeline, unique};
 use serde_json::json;
+
+/// The scenarios run one at a time even when the harness runs tests in parallel: each starts
+/// several relay processes, and two of them at once on two cores would measure the machine
+/// rather than the operator.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// One scenario's table, exchange (same name) and consumer, plus the cluster.
 struct Scenario {
+    /// Held until the scenario is dropped.
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+    /// When this scenario's turn began, for the runtime it prints.
+    started: Instant,
     cluster: TestCluster,
     /// Table and exchange name (underscores).
     table_name: String,
@@ -27,6 +39,7 @@ struct Scenario {
 
 impl Scenario {
     async fn start(prefix: &str, rows: u64, kubelet: KubeletConfig) -> Self {
+        let turn = ONE_AT_A_TIME.lock().await;
         let table_name = unique(&format!("e2e_{prefix}"));
         let table = db::table(&table_name);
         db::seeded_table(&table, rows).await;
@@ -34,6 +47,8 @@ impl Scenario {
         let consumer = broker::consume(&table_name, ExchangeKind::Fanout, "").await;
         let cluster = TestCluster::start(kubelet).await;
         Self {
+            _turn: turn,
+            started: Instant::now(),
             cluster,
             relay: table_name.replace('_', "-"),
             table_name,
@@ -82,9 +97,46 @@ impl Scenario {
         );
     }
 
+    /// Starts recording reports, status and replicas on the kubelet's clock.
+    fn record(&self) -> ScalingRecorder {
+        let origin = self.cluster.kubelet.origin();
+        ScalingRecorder::start(Subject {
+            relays: self.cluster.relays(),
+            name: self.relay.clone(),
+            report_name: format!("{NAMESPACE}/{}", self.relay),
+            table: self.table.clone(),
+            clock: Arc::new(move |at| (at - origin).as_seconds_f64()),
+        })
+    }
+
+    fn now(&self) -> f64 {
+        self.cluster.kubelet.clock()
+    }
+
+    async fn replicas(&self) -> Option<i32> {
+        self.cluster.deployment_replicas(&self.relay).await
+    }
+
+    async fn event_reasons(&self) -> Vec<String> {
+        self.cluster
+            .events(&self.relay)
+            .await
+            .into_iter()
+            .map(|(reason, _)| reason)
+            .collect()
+    }
+
+    /// Every `spec.replicas` the Deployment had, with when it was written.
+    fn replicas_history(&self) -> Vec<(f64, i32)> {
+        self.cluster.replicas_history(&self.relay)
+    }
+
     async fn finish(self) {
+        let name = self.relay.clone();
+        let started = self.started;
         self.cluster.shutdown().await;
         self.consumer.close().await;
+        eprintln!("{name} took {:?}", started.elapsed());
     }
 }
 
@@ -100,6 +152,34 @@ where
     );
 }
 
+/// A scaling block: the test's values over the defaults.
+fn scaling(overrides: serde_json::Value) -> ScalingSpec {
+    serde_json::from_value(overrides).expect("the scaling block deserializes")
+}
+
+/// Polls `probe` every 100 ms until it yields a value, failing with `what` after `timeout`.
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn replica_counts(history: &[(f64, i32)]) -> Vec<i32> {
+    history.iter().map(|(_, replicas)| *replicas).collect()
+}
+
 fn condition(relay: &OutboxRelay, kind: &str) -> Option<(String, String)> {
     relay
         .status
@@ -112,7 +192,6 @@ fn condition(relay: &OutboxRelay, kind: &str) -> Option<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_mode_runs_spec_replicas_relays_and_drains_the_table() {
-    let started = Instant::now();
     let scenario = Scenario::start("manual", 20_000, KubeletConfig::default()).await;
     let mut spec = relay_spec(&scenario.table_name, &scenario.table_name);
     spec.replicas = 2;
@@ -183,5 +262,474 @@ async fn manual_mode_runs_spec_replicas_relays_and_drains_the_table() {
         "events: {reasons:?}"
     );
     scenario.finish().await;
-    eprintln!("manual mode took {:?}", started.elapsed());
+}
+
+/// Rows one relay pod is expected to handle in the spike scenario.
+const SPIKE_TARGET: i64 = 50_000;
+const SPIKE_ROWS: u64 = 200_000;
+const SPIKE_POLLING: Duration = Duration::from_secs(2);
+const SPIKE_DOWN_WINDOW: f64 = 20.0;
+/// Time a reconcile itself may take on a loaded two-core machine (connect, read the reports,
+/// apply), on top of the polling interval the issue allows.
+const RECONCILE_SLACK: Duration = Duration::from_secs(2);
+/// How much later than the operator's last decision on a value a status sample may still show
+/// it: the status keeps a value until the next poll writes another, and is written at the end
+/// of a reconcile, read by a recorder that looks every 250 ms.
+fn sample_latency(polling: Duration) -> f64 {
+    polling.as_secs_f64() + 1.5
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spike_scales_up_within_one_polling_interval_drains_and_scales_down_after_the_window() {
+    let scenario = Scenario::start("spike", 0, KubeletConfig::default()).await;
+    let mut spec = relay_spec(&scenario.table_name, &scenario.table_name);
+    spec.scaling = Some(scaling(json!({
+        "minReplicas": 1,
+        "maxReplicas": 8,
+        "targetBacklogPerReplica": SPIKE_TARGET,
+        "pollingInterval": "2s",
+        "scaleDown": {
+            "stabilizationWindowSeconds": SPIKE_DOWN_WINDOW as i32,
+            "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}],
+        },
+        "fallback": {"replicas": 1, "staleAfter": "5s"},
+    })));
+    scenario.cluster.create_relay(&scenario.relay, spec).await;
+    let recorder = scenario.record();
+
+    wait_until(
+        "one idle relay reports an empty backlog",
+        Duration::from_secs(90),
+        || async { scenario.running() == 1 && !recorder.snapshot().reports.is_empty() },
+    )
+    .await;
+    assert_eq!(scenario.replicas().await, Some(1));
+
+    let spike_at = scenario.now();
+    let table = scenario.table.clone();
+    let mut conn = db::connect().await;
+    outbox_relay::seed::copy_rows(&mut conn, &table, SPIKE_ROWS, 50, |_| {})
+        .await
+        .expect("the spike is loaded");
+
+    let first_spike = wait_for(
+        "a report that shows the spike",
+        Duration::from_secs(60),
+        || async {
+            recorder
+                .snapshot()
+                .reports
+                .into_iter()
+                .find(|r| r.at >= spike_at && r.backlog > SPIKE_TARGET)
+        },
+    )
+    .await;
+    let asked = (first_spike.backlog as f64 / SPIKE_TARGET as f64).ceil() as i32;
+    let asked = asked.clamp(1, 8);
+    assert!(asked > 1, "the spike must ask for more than one pod");
+
+    let scaled_at = wait_for(
+        "the Deployment to ask for the replicas the target asks for",
+        Duration::from_secs(60),
+        || async { (scenario.replicas().await == Some(asked)).then(|| scenario.now()) },
+    )
+    .await;
+    let reaction = scaled_at - first_spike.at;
+    eprintln!(
+        "spike: report of {} rows at {:.1}s, {asked} replicas {reaction:.2}s later",
+        first_spike.backlog, first_spike.at
+    );
+    assert!(
+        reaction <= (SPIKE_POLLING + RECONCILE_SLACK).as_secs_f64(),
+        "{asked} replicas came {reaction:.2}s after the report that showed the spike; the \
+         polling interval is {SPIKE_POLLING:?}"
+    );
+    wait_until(
+        "the kubelet runs the new replicas",
+        Duration::from_secs(60),
+        || async { scenario.running() == asked as usize },
+    )
+    .await;
+
+    scenario
+        .assert_drained_and_delivered(Duration::from_secs(300))
+        .await;
+    wait_until(
+        "the relay is back at minReplicas",
+        Duration::from_secs(SPIKE_DOWN_WINDOW as u64 + 120),
+        || async { scenario.replicas().await == Some(1) },
+    )
+    .await;
+    let recording = recorder.stop();
+    let history = scenario.replicas_history();
+
+    let peak = history.iter().map(|r| r.1).max().unwrap();
+    assert_eq!(
+        peak, asked,
+        "the relay never went beyond what the target asked for"
+    );
+    // The last reconcile that still saw a backlog asking for the peak, as its status shows it
+    // (the operator may skip reports between two polls, so the reports cannot tell): the
+    // highest recommendation over the window wins, so scale-down waits a whole window.
+    let last_high = recording
+        .status
+        .iter()
+        .filter(|s| {
+            s.backlog
+                .is_some_and(|b| b > SPIKE_TARGET * i64::from(asked - 1))
+        })
+        .map(|s| s.at)
+        .fold(f64::MIN, f64::max);
+    let first_down = history
+        .iter()
+        .find(|(at, r)| *at > scaled_at && *r < asked)
+        .map(|(at, _)| *at)
+        .expect("the relay scaled down");
+    eprintln!(
+        "spike: last status asking for {asked} at {last_high:.1}s, first scale-down at {first_down:.1}s"
+    );
+    assert!(
+        first_down - last_high >= SPIKE_DOWN_WINDOW - sample_latency(SPIKE_POLLING),
+        "scaled down {:.1}s after the last high report, inside the {SPIKE_DOWN_WINDOW}s window",
+        first_down - last_high
+    );
+    let reasons = scenario.event_reasons().await;
+    for reason in ["ScaledUp", "ScaledDown"] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "no {reason} event: {reasons:?}"
+        );
+    }
+
+    plot(
+        &scenario,
+        &recording,
+        "spike.svg",
+        "200,000-row spike: replicas follow the backlog",
+    );
+    scenario.finish().await;
+}
+
+/// Draws the run under target/e2e/.
+fn plot(scenario: &Scenario, recording: &Recording, file: &str, title: &str) {
+    let path = process::target_dir()
+        .parent()
+        .expect("target/<profile> has a parent")
+        .join("e2e")
+        .join(file);
+    let pods: Vec<_> = scenario
+        .cluster
+        .kubelet
+        .timeline()
+        .into_iter()
+        .filter(|s| s.deployment == scenario.deployment_key())
+        .collect();
+    timeline::draw(&path, title, &pods, &recording.backlog).expect("the plot is drawn");
+    eprintln!("plot: {}", path.display());
+}
+
+const ZERO_COOLDOWN: f64 = 10.0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_on_an_idle_table_start_a_pod_from_zero_and_it_returns_to_zero_after_the_cooldown() {
+    let scenario = Scenario::start("zero", 0, KubeletConfig::default()).await;
+    let mut spec = relay_spec(&scenario.table_name, &scenario.table_name);
+    spec.scaling = Some(scaling(json!({
+        "minReplicas": 0,
+        "maxReplicas": 3,
+        "targetBacklogPerReplica": 10_000,
+        "activationBacklog": 0,
+        "pollingInterval": "1s",
+        "cooldownPeriod": format!("{}s", ZERO_COOLDOWN as u64),
+        "scaleDown": {"stabilizationWindowSeconds": 5},
+        "fallback": {"replicas": 1, "staleAfter": "5s"},
+    })));
+    scenario.cluster.create_relay(&scenario.relay, spec).await;
+    let recorder = scenario.record();
+
+    wait_until(
+        "the Deployment exists with zero replicas",
+        Duration::from_secs(60),
+        || async { scenario.replicas().await == Some(0) },
+    )
+    .await;
+    // An idle table keeps it at zero: no process starts.
+    for _ in 0..30 {
+        assert_eq!(scenario.running(), 0, "a relay started on an empty table");
+        assert_eq!(scenario.replicas().await, Some(0));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let arrival = scenario.now();
+    let mut conn = db::connect().await;
+    outbox_relay::seed::copy_rows(&mut conn, &scenario.table, 1_000, 50, |_| {})
+        .await
+        .expect("rows arrive");
+    let woke_at = wait_for("a pod to start", Duration::from_secs(60), || async {
+        (scenario.running() == 1).then(|| scenario.now())
+    })
+    .await;
+    eprintln!("zero: rows at {arrival:.1}s, pod running at {woke_at:.1}s");
+    scenario
+        .assert_drained_and_delivered(Duration::from_secs(120))
+        .await;
+
+    let zero_at = wait_for(
+        "the relay to return to zero",
+        Duration::from_secs(ZERO_COOLDOWN as u64 + 90),
+        || async { (scenario.replicas().await == Some(0)).then(|| scenario.now()) },
+    )
+    .await;
+    wait_until(
+        "the relay process exits",
+        Duration::from_secs(30),
+        || async { scenario.running() == 0 },
+    )
+    .await;
+    let recording = recorder.stop();
+    // The last reconcile that saw a backlog, as its status shows it: the cooldown runs from
+    // there (the operator counts itself while no pod runs, and may skip reports).
+    let last_active = recording
+        .status
+        .iter()
+        .filter(|s| s.backlog.is_some_and(|b| b > 0))
+        .map(|s| s.at)
+        .fold(arrival, f64::max);
+    eprintln!("zero: last backlog seen at {last_active:.1}s, back at zero at {zero_at:.1}s");
+    assert!(
+        zero_at - last_active >= ZERO_COOLDOWN - sample_latency(Duration::from_secs(1)),
+        "back to zero {:.1}s after the last backlog, before the {ZERO_COOLDOWN}s cooldown",
+        zero_at - last_active
+    );
+    assert_eq!(
+        replica_counts(&scenario.replicas_history()),
+        vec![0, 1, 0],
+        "created at zero, one pod for the rows, zero again"
+    );
+    let reasons = scenario.event_reasons().await;
+    for reason in ["ScaledUp", "ScaledDown"] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "no {reason} event: {reasons:?}"
+        );
+    }
+    scenario.finish().await;
+}
+
+const FALLBACK_REPLICAS: i32 = 2;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_relay_whose_reports_go_stale_leads_to_fallback_replicas_not_zero() {
+    // A crashed process is not restarted during the test: CrashLoopBackOff.
+    let kubelet = KubeletConfig {
+        restart_delay: Duration::from_secs(3600),
+        ..KubeletConfig::default()
+    };
+    let scenario = Scenario::start("stale", 5_000, kubelet).await;
+    let mut spec = relay_spec(&scenario.table_name, &scenario.table_name);
+    // minReplicas 0, so zero is a choice the operator could make; the long cooldown means a
+    // fresh report would never ask for it during this test, so a zero could only come from
+    // mistaking silence for an empty table.
+    spec.scaling = Some(scaling(json!({
+        "minReplicas": 0,
+        "maxReplicas": 4,
+        "targetBacklogPerReplica": 10_000,
+        "pollingInterval": "1s",
+        "cooldownPeriod": "300s",
+        "scaleDown": {"stabilizationWindowSeconds": 5},
+        "fallback": {"replicas": FALLBACK_REPLICAS, "staleAfter": "3s"},
+    })));
+    scenario.cluster.create_relay(&scenario.relay, spec).await;
+    let recorder = scenario.record();
+
+    wait_until("one relay runs", Duration::from_secs(60), || async {
+        scenario.running() == 1
+    })
+    .await;
+    scenario
+        .assert_drained_and_delivered(Duration::from_secs(120))
+        .await;
+    wait_until(
+        "the relay reports an empty backlog and runs one pod",
+        Duration::from_secs(60),
+        || async {
+            let status = scenario.relay().await.status.unwrap_or_default();
+            status.backlog == Some(0) && scenario.replicas().await == Some(1)
+        },
+    )
+    .await;
+
+    let pod = scenario
+        .cluster
+        .kubelet
+        .running_pods(&scenario.deployment_key())[0]
+        .clone();
+    let crashed_at = scenario.now();
+    assert!(
+        scenario.cluster.kubelet.crash_pod(&pod),
+        "{pod} was not running"
+    );
+    let fallback_at = wait_for("the fallback replicas", Duration::from_secs(60), || async {
+        (scenario.replicas().await == Some(FALLBACK_REPLICAS)).then(|| scenario.now())
+    })
+    .await;
+    eprintln!("stale: {pod} crashed at {crashed_at:.1}s, fallback at {fallback_at:.1}s");
+    wait_until(
+        "the status to say the reports are stale",
+        Duration::from_secs(30),
+        || async {
+            let relay = scenario.relay().await;
+            condition(&relay, "ScalingActive").is_some_and(|c| c.1 == "StaleReports")
+                || recorder.snapshot().status.iter().any(|s| {
+                    s.at >= crashed_at && s.active_reason.as_deref() == Some("StaleReports")
+                })
+        },
+    )
+    .await;
+    // The replacement pod reports again; the relay settles at one pod, never at zero.
+    wait_until(
+        "the fresh reports bring the relay back to one pod",
+        Duration::from_secs(90),
+        || async { scenario.replicas().await == Some(1) && scenario.running() == 1 },
+    )
+    .await;
+    recorder.stop();
+    let since_crash: Vec<i32> = scenario
+        .replicas_history()
+        .into_iter()
+        .filter(|(at, _)| *at >= crashed_at)
+        .map(|(_, replicas)| replicas)
+        .collect();
+    assert_eq!(
+        since_crash,
+        vec![FALLBACK_REPLICAS, 1],
+        "after the crash: the fallback, then one pod once reports are fresh again; never zero"
+    );
+    assert!(
+        !scenario
+            .cluster
+            .kubelet
+            .running_pods(&scenario.deployment_key())
+            .contains(&pod),
+        "the crashed pod is the one removed"
+    );
+    scenario.finish().await;
+}
+
+/// Rows held by an open transaction: pending (the backlog counts them) but skipped by the
+/// relays' `FOR UPDATE SKIP LOCKED`, so the backlog stays where the test puts it.
+const PINNED_ROWS: u64 = 2_000;
+const STEADY_TARGET: i64 = 1_000;
+const STEADY_RATE: f64 = 100.0;
+const STEADY_SECONDS: f64 = 40.0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_load_inside_the_tolerance_never_changes_the_replicas() {
+    let scenario = Scenario::start("steady", PINNED_ROWS, KubeletConfig::default()).await;
+    let mut pin = db::connect().await;
+    db::exec(&mut pin, "BEGIN").await;
+    let pinned = db::scalar_i64(
+        &mut pin,
+        &format!(
+            "SELECT count(*) FROM (SELECT 1 FROM {} FOR UPDATE) AS locked",
+            scenario.table.name.quoted()
+        ),
+    )
+    .await;
+    assert_eq!(pinned, PINNED_ROWS as i64);
+
+    // Backlog = 2,000 pinned rows + what the inflow adds before the relays take it: slightly
+    // above 2 × target, so ceil() alone would flap between 2 and 3 pods; the 10 % tolerance
+    // keeps 2.
+    let mut spec = relay_spec(&scenario.table_name, &scenario.table_name);
+    spec.scaling = Some(scaling(json!({
+        "minReplicas": 1,
+        "maxReplicas": 6,
+        "targetBacklogPerReplica": STEADY_TARGET,
+        "tolerance": 0.1,
+        "pollingInterval": "1s",
+        "scaleDown": {"stabilizationWindowSeconds": 3},
+        "fallback": {"replicas": 2, "staleAfter": "5s"},
+    })));
+    scenario.cluster.create_relay(&scenario.relay, spec).await;
+    let recorder = scenario.record();
+    wait_until(
+        "two relays run and report",
+        Duration::from_secs(60),
+        || async {
+            scenario.running() == 2
+                && scenario
+                    .relay()
+                    .await
+                    .status
+                    .unwrap_or_default()
+                    .backlog
+                    .is_some()
+        },
+    )
+    .await;
+
+    let load_from = scenario.now();
+    let rows = (STEADY_RATE * STEADY_SECONDS) as u64;
+    let table = scenario.table.clone();
+    let inflow = tokio::spawn(async move {
+        let mut conn = db::connect().await;
+        outbox_relay::seed::insert_at_rate(&mut conn, &table, STEADY_RATE, rows, 50, |_| {})
+            .await
+            .expect("steady inflow")
+    });
+    assert_eq!(inflow.await.unwrap(), rows);
+    let load_until = scenario.now();
+    let during = recorder.snapshot();
+
+    let reports: Vec<i64> = during
+        .reports
+        .iter()
+        .filter(|r| (load_from..load_until).contains(&r.at))
+        .map(|r| r.backlog)
+        .collect();
+    assert!(
+        reports.len() >= 10,
+        "too few reports during the load: {reports:?}"
+    );
+    assert!(
+        reports.iter().all(|b| *b <= 2 * STEADY_TARGET * 11 / 10),
+        "the load left the tolerance band, the test proves nothing: {reports:?}"
+    );
+    let history = scenario.replicas_history();
+    assert_eq!(
+        history.last().map(|h| h.1),
+        Some(2),
+        "two pods for a backlog of 2 × target"
+    );
+    let changes: Vec<_> = history.iter().filter(|(at, _)| *at >= load_from).collect();
+    assert!(
+        changes.is_empty(),
+        "the replicas changed under steady load: {history:?}"
+    );
+    let pods = scenario.cluster.kubelet.timeline();
+    let kubelet_saw: Vec<i32> = pods
+        .iter()
+        .filter(|s| s.deployment == scenario.deployment_key() && s.at >= load_from)
+        .map(|s| s.spec_replicas)
+        .collect();
+    assert!(
+        kubelet_saw.iter().all(|r| *r == 2),
+        "kubelet saw {kubelet_saw:?}"
+    );
+    let above = reports.iter().filter(|b| **b > 2 * STEADY_TARGET).count();
+    eprintln!(
+        "steady: {} reports, backlog {}..{}, {above} above 2 × target",
+        reports.len(),
+        reports.iter().min().unwrap(),
+        reports.iter().max().unwrap()
+    );
+
+    // Release the pinned rows: everything is relayed.
+    db::exec(&mut pin, "ROLLBACK").await;
+    scenario
+        .assert_drained_and_delivered(Duration::from_secs(120))
+        .await;
+    recorder.stop();
+    scenario.finish().await;
 }

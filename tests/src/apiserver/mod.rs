@@ -57,6 +57,32 @@ impl ApiServer {
         kube::Client::try_from(config).expect("a client for a plain HTTP URL")
     }
 
+    /// Every version the server stored of the object `name` of kind `plural` (e.g.
+    /// `deployments`) in `namespace`, with the time of each write: the complete record of what
+    /// a controller wrote, which polling could miss.
+    pub fn versions_of(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Vec<(chrono::DateTime<chrono::Utc>, serde_json::Value)> {
+        let Some(kind) = kinds::KINDS.iter().find(|k| k.plural == plural) else {
+            return Vec::new();
+        };
+        let key = store::ObjectKey {
+            kind: *kind,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        };
+        self.store
+            .lock()
+            .unwrap()
+            .versions_of(&key)
+            .iter()
+            .map(|change| (change.at, change.object.clone()))
+            .collect()
+    }
+
     /// The current resourceVersion: how many writes the server has seen (plus a start offset).
     pub fn resource_version(&self) -> u64 {
         self.store.lock().unwrap().resource_version()

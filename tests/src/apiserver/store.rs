@@ -51,6 +51,8 @@ impl ChangeType {
 #[derive(Debug, Clone)]
 pub struct Change {
     pub resource_version: u64,
+    /// When the server accepted the write.
+    pub at: chrono::DateTime<chrono::Utc>,
     pub kind: Kind,
     pub change: ChangeType,
     pub object: Value,
@@ -146,6 +148,22 @@ impl Store {
             .filter(|change| change.kind == kind)
             .cloned()
             .collect())
+    }
+
+    /// Every retained version of one object, oldest first, deletion included.
+    pub fn versions_of(&self, key: &ObjectKey) -> Vec<Arc<Change>> {
+        self.history
+            .iter()
+            .filter(|change| {
+                change.kind == key.kind
+                    && change.object["metadata"]["name"].as_str() == Some(key.name.as_str())
+                    && change.object["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or_default()
+                        == key.namespace
+            })
+            .cloned()
+            .collect()
     }
 
     pub fn create(
@@ -320,6 +338,7 @@ impl Store {
     fn record(&mut self, kind: Kind, change: ChangeType, object: Value) {
         self.history.push(Arc::new(Change {
             resource_version: self.resource_version,
+            at: chrono::Utc::now(),
             kind,
             change,
             object,
