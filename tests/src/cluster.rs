@@ -46,7 +46,7 @@ impl TestCluster {
             .try_init();
         let api = ApiServer::start().await.expect("the API server binds");
         let client = api.client(NAMESPACE);
-        create_secrets(&client).await;
+        create_connection_secrets(&client).await;
         let kubelet = Kubelet::start(client.clone(), NAMESPACE, kubelet).await;
         let settings = Settings {
             base_backoff: Duration::from_millis(500),
@@ -151,7 +151,8 @@ impl TestCluster {
     }
 }
 
-async fn create_secrets(client: &Client) {
+/// The Secrets [`relay_spec`] refers to, holding the local PostgreSQL and RabbitMQ URLs.
+pub async fn create_connection_secrets(client: &Client) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
     for (name, url) in [
         (DATABASE_SECRET, crate::database_url()),

@@ -77,6 +77,18 @@ struct Pod {
     ready: bool,
     exited_at: Option<Instant>,
     started_at: Instant,
+    /// False until a process first started: a pod that never ran starts without delay.
+    ran: bool,
+}
+
+impl Pod {
+    fn start_due(&self, restart_delay: Duration) -> bool {
+        match self.exited_at {
+            Some(_) if !self.ran => true,
+            Some(at) => at.elapsed() >= restart_delay,
+            None => false,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -267,8 +279,13 @@ impl Syncer {
             .map(|s| Duration::from_secs(s.max(0) as u64))
             .unwrap_or(self.config.default_grace);
 
-        // Secrets are read first: the state lock is never held across an await.
-        let env = self.resolve_env(&container, deployment).await;
+        // Secrets are read first, and only when a process is to start: the state lock is never
+        // held across an await.
+        let env = if self.must_start_a_process(&key, desired, &template_hash) {
+            self.resolve_env(&container, deployment).await
+        } else {
+            None
+        };
         let plan = PodPlan {
             key: key.clone(),
             name: deployment.name_any(),
@@ -319,9 +336,7 @@ impl Syncer {
         for pod in pods.iter_mut() {
             refresh(pod);
             let held = state.held_down.contains(&pod.name);
-            let restart_due = pod
-                .exited_at
-                .is_some_and(|at| at.elapsed() >= self.config.restart_delay);
+            let restart_due = pod.start_due(self.config.restart_delay);
             if let (true, false, Some(env)) = (restart_due, held, env) {
                 restart(pod, &plan.container, env);
             }
@@ -343,6 +358,7 @@ impl Syncer {
                 ready: false,
                 exited_at: Some(Instant::now()),
                 started_at: Instant::now(),
+                ran: false,
             };
             if let Some(env) = env {
                 restart(&mut pod, &plan.container, env);
@@ -398,6 +414,26 @@ impl Syncer {
             .written_status
             .insert(plan.key.clone(), status.clone());
         Some(status)
+    }
+
+    /// Whether the Deployment `key` lacks pods, or has one whose restart is due.
+    fn must_start_a_process(&self, key: &str, desired: i32, template_hash: &str) -> bool {
+        let mut state = self.state.lock().unwrap();
+        let State {
+            pods, held_down, ..
+        } = &mut *state;
+        let Some(pods) = pods.get_mut(key) else {
+            return desired > 0;
+        };
+        let current = pods
+            .iter()
+            .filter(|pod| pod.template_hash == template_hash)
+            .count();
+        current < desired as usize
+            || pods.iter_mut().any(|pod| {
+                refresh(pod);
+                !held_down.contains(&pod.name) && pod.start_due(self.config.restart_delay)
+            })
     }
 
     /// The container's environment with Secret references resolved; `None` while a Secret
@@ -533,6 +569,7 @@ fn restart(pod: &mut Pod, container: &Container, env: &[EnvSource]) {
             pod.child = Some(child);
             pod.exited_at = None;
             pod.ready = false;
+            pod.ran = true;
         }
         Err(error) => {
             tracing::warn!(pod = %pod.name, %error, "kubelet could not start the process");
