@@ -298,3 +298,46 @@ async fn kube_runtime_watchers_see_custom_resources_and_their_status() {
         "status does not bump generation"
     );
 }
+
+#[tokio::test]
+async fn the_operators_leader_election_runs_on_a_lease() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use outbox_operator::leader::{LeaseSettings, release, try_acquire_or_renew};
+
+    let server = ApiServer::start().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(server.client("ops"), "ops");
+    let first = LeaseSettings::new("outbox-operator", "pod-a");
+    let second = LeaseSettings::new("outbox-operator", "pod-b");
+
+    assert!(
+        try_acquire_or_renew(&leases, &first).await.unwrap(),
+        "the first candidate leads"
+    );
+    assert!(
+        !try_acquire_or_renew(&leases, &second).await.unwrap(),
+        "the second waits"
+    );
+    assert!(
+        try_acquire_or_renew(&leases, &first).await.unwrap(),
+        "the leader renews"
+    );
+
+    // A write based on an old version loses, as a candidate racing the leader would.
+    let mut stale = leases.get("outbox-operator").await.unwrap();
+    try_acquire_or_renew(&leases, &first).await.unwrap();
+    stale.spec.as_mut().unwrap().holder_identity = Some("pod-b".into());
+    let raced = leases
+        .replace("outbox-operator", &PostParams::default(), &stale)
+        .await;
+    assert_eq!(api_code(raced.unwrap_err()), 409);
+
+    release(&leases, &first).await.unwrap();
+    assert!(
+        try_acquire_or_renew(&leases, &second).await.unwrap(),
+        "a release hands over at once"
+    );
+    assert!(!try_acquire_or_renew(&leases, &first).await.unwrap());
+    let lease = leases.get("outbox-operator").await.unwrap().spec.unwrap();
+    assert_eq!(lease.holder_identity.as_deref(), Some("pod-b"));
+    assert_eq!(lease.lease_transitions, Some(1));
+}

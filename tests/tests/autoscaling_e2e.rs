@@ -1,7 +1,12 @@
 //! The autoscaling loop end to end on one machine: the in-memory API server, the real operator
 //! controller, a kubelet running real `outbox-relay` processes, the real PostgreSQL and
-//! RabbitMQ. Intervals are short so a scenario takes a minute or two; assertions are about
-//! what happens and in which order, with generous timeouts for a loaded machine.
+//! RabbitMQ. Intervals are short so a scenario takes a minute or less; assertions are about
+//! what happens and in which order, with generous timeouts for a loaded machine. The one timed
+//! claim is the issue's: the spike's replicas within one polling interval of the report that
+//! showed it.
+//!
+//! Needs the relay binary built alongside (`cargo build --workspace`). The spike run is drawn
+//! to `target/e2e/spike.svg`; `docs/img/autoscaling-spike.svg` is a copy of one such run.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -594,8 +599,9 @@ async fn a_killed_relay_whose_reports_go_stale_leads_to_fallback_replicas_not_ze
     )
     .await;
     recorder.stop();
-    let since_crash: Vec<i32> = scenario
-        .replicas_history()
+    let history = scenario.replicas_history();
+    eprintln!("stale: replicas history {history:?}");
+    let since_crash: Vec<i32> = history
         .into_iter()
         .filter(|(at, _)| *at >= crashed_at)
         .map(|(_, replicas)| replicas)
