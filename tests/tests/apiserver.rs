@@ -198,7 +198,7 @@ async fn apply_and_status_subresource_keep_their_parts_apart() {
 }
 
 #[tokio::test]
-async fn watches_replay_from_a_resource_version_and_honour_selectors_and_timeouts() {
+async fn watches_replay_from_a_resource_version_honour_selectors_and_timeouts_and_bookmark_quiet_spells() {
     let server = ApiServer::start().await.unwrap();
     let deployments: Api<Deployment> = Api::namespaced(server.client("shop"), "shop");
     let apply = PatchParams::apply("test-manager");
@@ -224,20 +224,40 @@ async fn watches_replay_from_a_resource_version_and_honour_selectors_and_timeout
 
     let params = WatchParams::default().labels("tier=front").timeout(2);
     let started = std::time::Instant::now();
-    let events: Vec<String> = deployments
+    let events: Vec<WatchEvent<Deployment>> = deployments
         .watch(&params, &version)
         .await
         .unwrap()
-        .map_ok(|event| match event {
+        .try_collect()
+        .await
+        .unwrap();
+    let (bookmarks, changes): (Vec<_>, Vec<_>) = events
+        .into_iter()
+        .partition(|event| matches!(event, WatchEvent::Bookmark(_)));
+    let changes: Vec<String> = changes
+        .into_iter()
+        .map(|event| match event {
             WatchEvent::Added(d) => format!("ADDED {}", d.name_any()),
             WatchEvent::Modified(d) => format!("MODIFIED {} {:?}", d.name_any(), d.spec.replicas),
             WatchEvent::Deleted(d) => format!("DELETED {}", d.name_any()),
             other => format!("{other:?}"),
         })
-        .try_collect()
+        .collect();
+    assert_eq!(changes, ["ADDED a", "MODIFIED a Some(2)", "DELETED a"]);
+    // The quiet second after the replay brings a bookmark at the newest version.
+    let newest = deployments
+        .list(&ListParams::default())
         .await
+        .unwrap()
+        .metadata
+        .resource_version
         .unwrap();
-    assert_eq!(events, ["ADDED a", "MODIFIED a Some(2)", "DELETED a"]);
+    match bookmarks.last() {
+        Some(WatchEvent::Bookmark(bookmark)) => {
+            assert_eq!(bookmark.metadata.resource_version, newest)
+        }
+        other => panic!("no bookmark on a quiet watch: {other:?}"),
+    }
     let waited = started.elapsed();
     assert!(
         waited >= Duration::from_secs(2) && waited < Duration::from_secs(10),

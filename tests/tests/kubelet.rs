@@ -94,7 +94,9 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
         .unwrap();
     let rolled = process::eventually(Duration::from_secs(60), || async {
         let pods = kubelet.running_pods(&key);
-        pods.len() == 2 && pods.iter().all(|p| !first_pods.contains(p))
+        let ready = kubelet.timeline().last().map(|s| s.ready);
+        // Ready too: SIGTERM during start-up is a different path from the one tested below.
+        pods.len() == 2 && pods.iter().all(|p| !first_pods.contains(p)) && ready == Some(2)
     })
     .await;
     assert!(

@@ -138,6 +138,9 @@ fn route(
                 fields,
                 since,
                 timeout: Duration::from_secs(timeout),
+                bookmarks: query
+                    .get("allowWatchBookmarks")
+                    .is_some_and(|b| b == "true"),
             }))
         }
         (&Method::GET, None) => {

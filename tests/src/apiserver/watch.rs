@@ -1,5 +1,7 @@
 //! `?watch=true`: newline-delimited JSON watch events, replayed from the history after the
-//! requested resourceVersion and then live, until `timeoutSeconds` passes.
+//! requested resourceVersion and then live, until `timeoutSeconds` passes. With
+//! `allowWatchBookmarks=true`, a quiet watch gets a BOOKMARK every second, so a client resumes
+//! from a recent resourceVersion rather than replaying everything since its last event.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -24,7 +26,11 @@ pub struct WatchRequest {
     /// `None` or 0: start with ADDED for every current object, as the API server does.
     pub since: Option<u64>,
     pub timeout: Duration,
+    pub bookmarks: bool,
 }
+
+/// Quiet time after which a watch that allows bookmarks gets one.
+const BOOKMARK_AFTER: Duration = Duration::from_secs(1);
 
 struct WatchState {
     store: Arc<Mutex<Store>>,
@@ -86,9 +92,20 @@ pub fn watch_stream(
             if !state.ready.is_empty() {
                 continue;
             }
+            let bookmark_at = if state.request.bookmarks {
+                (Instant::now() + BOOKMARK_AFTER).min(state.deadline)
+            } else {
+                state.deadline
+            };
             tokio::select! {
                 changed = state.wake.changed() => if changed.is_err() { return None },
-                _ = tokio::time::sleep_until(state.deadline) => return None,
+                _ = tokio::time::sleep_until(bookmark_at) => {
+                    if Instant::now() >= state.deadline {
+                        return None;
+                    }
+                    let bookmark = state.bookmark();
+                    state.ready.push_back(bookmark);
+                }
             }
         }
     })
@@ -96,12 +113,12 @@ pub fn watch_stream(
 
 impl WatchState {
     fn collect_changes(&mut self) {
-        let changes = match self
-            .store
-            .lock()
-            .unwrap()
-            .changes_since(self.request.kind, self.last_seen)
-        {
+        let store = self.store.lock().unwrap();
+        let changes = store.changes_since(self.request.kind, self.last_seen);
+        // Everything up to the current version has now been looked at, whatever its kind.
+        let newest = store.resource_version();
+        drop(store);
+        let changes = match changes {
             Ok(changes) => changes,
             Err(gone) => {
                 self.ready.push_back(event_line("ERROR", &gone.status()));
@@ -125,6 +142,19 @@ impl WatchState {
                     .push_back(event_line(change.change.as_str(), object));
             }
         }
+        self.last_seen = self.last_seen.max(newest);
+    }
+
+    /// A BOOKMARK: only the kind and the resourceVersion the client may resume from.
+    fn bookmark(&self) -> Bytes {
+        event_line(
+            "BOOKMARK",
+            &json!({
+                "apiVersion": self.request.kind.api_version(),
+                "kind": self.request.kind.kind,
+                "metadata": {"resourceVersion": self.last_seen.to_string()},
+            }),
+        )
     }
 }
 
