@@ -4,8 +4,8 @@
 //! status the way the real controllers do, through the status subresource.
 //!
 //! What it models, because the autoscaling tests depend on it:
-//! - scale down sends SIGTERM (the relay finishes its batch and exits 0), not-ready and newest
-//!   pods first, as the ReplicaSet controller picks victims;
+//! - scale down sends SIGTERM (the relay finishes its batch and exits 0), to pods whose process
+//!   is down first, then not-ready ones, then the newest, as the ReplicaSet controller picks;
 //! - a pod is ready once the relay logged that it is relaying (its readiness endpoint is on an
 //!   ephemeral port here, so the log line stands in for the probe);
 //! - a process that exits stays a (not ready) pod and is restarted under the same name after
@@ -367,8 +367,15 @@ impl Syncer {
         }
 
         if pods.len() > desired {
-            // The ReplicaSet controller removes not-ready pods first, then the newest.
-            pods.sort_by_key(|pod| (pod.ready, std::cmp::Reverse(pod.started_at)));
+            // Like the ReplicaSet controller: pods whose container is down go first, then
+            // not-ready ones, then the newest. (`child` is current: refreshed above.)
+            pods.sort_by_key(|pod| {
+                (
+                    pod.child.is_some(),
+                    pod.ready,
+                    std::cmp::Reverse(pod.started_at),
+                )
+            });
             let excess = pods.len() - desired;
             state.terminating.extend(
                 pods.drain(..excess)

@@ -136,6 +136,34 @@ impl Scenario {
         self.cluster.replicas_history(&self.relay)
     }
 
+    /// Reasons the relay's condition `kind` had in every status written at or after `since`,
+    /// from the server's record (a status may hold for a fraction of a second).
+    fn condition_reasons_since(&self, since: f64, kind: &str) -> Vec<String> {
+        let origin = self.cluster.kubelet.origin();
+        self.cluster
+            .api
+            .versions_of("outboxrelays", NAMESPACE, &self.relay)
+            .into_iter()
+            .filter(|(at, _)| (*at - origin).as_seconds_f64() >= since)
+            .filter_map(|(_, relay)| {
+                let conditions = relay["status"]["conditions"].as_array()?.clone();
+                conditions
+                    .iter()
+                    .find(|c| c["type"] == kind)
+                    .and_then(|c| c["reason"].as_str().map(String::from))
+            })
+            .collect()
+    }
+
+    /// When the Deployment was first written with `replicas` at or after `since`, from the
+    /// server's record: exact, and never missing a short-lived value as polling could.
+    fn replicas_written_since(&self, since: f64, replicas: i32) -> Option<f64> {
+        self.replicas_history()
+            .into_iter()
+            .find(|(at, r)| *at >= since && *r == replicas)
+            .map(|(at, _)| at)
+    }
+
     async fn finish(self) {
         let name = self.relay.clone();
         let started = self.started;
@@ -336,7 +364,7 @@ async fn a_spike_scales_up_within_one_polling_interval_drains_and_scales_down_af
     let scaled_at = wait_for(
         "the Deployment to ask for the replicas the target asks for",
         Duration::from_secs(60),
-        || async { (scenario.replicas().await == Some(asked)).then(|| scenario.now()) },
+        || async { scenario.replicas_written_since(spike_at, asked) },
     )
     .await;
     let reaction = scaled_at - first_spike.at;
@@ -482,7 +510,7 @@ async fn rows_on_an_idle_table_start_a_pod_from_zero_and_it_returns_to_zero_afte
     let zero_at = wait_for(
         "the relay to return to zero",
         Duration::from_secs(ZERO_COOLDOWN as u64 + 90),
-        || async { (scenario.replicas().await == Some(0)).then(|| scenario.now()) },
+        || async { scenario.replicas_written_since(woke_at, 0) },
     )
     .await;
     wait_until(
@@ -545,7 +573,6 @@ async fn a_killed_relay_whose_reports_go_stale_leads_to_fallback_replicas_not_ze
         "fallback": {"replicas": FALLBACK_REPLICAS, "staleAfter": "3s"},
     })));
     scenario.cluster.create_relay(&scenario.relay, spec).await;
-    let recorder = scenario.record();
 
     wait_until("one relay runs", Duration::from_secs(60), || async {
         scenario.running() == 1
@@ -574,8 +601,10 @@ async fn a_killed_relay_whose_reports_go_stale_leads_to_fallback_replicas_not_ze
         scenario.cluster.kubelet.crash_pod(&pod),
         "{pod} was not running"
     );
+    // From the server's record, not by polling: the fallback may last only until the
+    // replacement pod's first report, a fraction of a second.
     let fallback_at = wait_for("the fallback replicas", Duration::from_secs(60), || async {
-        (scenario.replicas().await == Some(FALLBACK_REPLICAS)).then(|| scenario.now())
+        scenario.replicas_written_since(crashed_at, FALLBACK_REPLICAS)
     })
     .await;
     eprintln!("stale: {pod} crashed at {crashed_at:.1}s, fallback at {fallback_at:.1}s");
@@ -583,11 +612,10 @@ async fn a_killed_relay_whose_reports_go_stale_leads_to_fallback_replicas_not_ze
         "the status to say the reports are stale",
         Duration::from_secs(30),
         || async {
-            let relay = scenario.relay().await;
-            condition(&relay, "ScalingActive").is_some_and(|c| c.1 == "StaleReports")
-                || recorder.snapshot().status.iter().any(|s| {
-                    s.at >= crashed_at && s.active_reason.as_deref() == Some("StaleReports")
-                })
+            scenario
+                .condition_reasons_since(crashed_at, "ScalingActive")
+                .iter()
+                .any(|reason| reason == "StaleReports")
         },
     )
     .await;
@@ -598,7 +626,6 @@ async fn a_killed_relay_whose_reports_go_stale_leads_to_fallback_replicas_not_ze
         || async { scenario.replicas().await == Some(1) && scenario.running() == 1 },
     )
     .await;
-    recorder.stop();
     let history = scenario.replicas_history();
     eprintln!("stale: replicas history {history:?}");
     let since_crash: Vec<i32> = history
