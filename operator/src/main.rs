@@ -73,6 +73,9 @@ struct RunArgs {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // The workspace builds one rustls backend (ring); naming it keeps the API-server client
+    // working even if a dependency ever brings a second one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match execute(Cli::parse()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
