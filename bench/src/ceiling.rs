@@ -31,28 +31,28 @@ async fn publish_until_stopped(
         .await?;
     let mut next = 0usize;
     while !stop.load(Ordering::Relaxed) {
-        let mut confirms = Vec::with_capacity(BATCH);
-        for _ in 0..BATCH {
-            let payload = &payloads[next % payloads.len()];
-            next += 1;
+        // Queued in order on the first poll, written in large batches: see the relay's publisher.
+        let publishes = (0..BATCH).map(|i| {
+            let payload = &payloads[(next + i) % payloads.len()];
             let properties = BasicProperties::default()
                 .with_message_id(Uuid::now_v7().to_string().into())
                 .with_type(ARTICLE_TYPE.into())
                 .with_content_type("application/json".into())
                 .with_delivery_mode(2)
                 .with_timestamp(chrono::Utc::now().timestamp() as u64);
-            confirms.push(
-                channel
-                    .basic_publish(
-                        exchange.as_str().into(),
-                        ARTICLE_TYPE.into(),
-                        BasicPublishOptions::default(),
-                        payload,
-                        properties,
-                    )
-                    .await?,
-            );
-        }
+            channel.basic_publish(
+                exchange.as_str().into(),
+                ARTICLE_TYPE.into(),
+                BasicPublishOptions::default(),
+                payload,
+                properties,
+            )
+        });
+        let confirms = join_all(publishes)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        next += BATCH;
         for confirm in confirms {
             if !confirm.await?.is_ack() {
                 anyhow::bail!("the broker nacked a message");

@@ -73,6 +73,10 @@ struct Args {
     /// Seconds of steady inserts in latency mode.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
+    /// Relay settings tried besides the defaults, as wN-bM (workers, batch size); "none" skips
+    /// the sweep.
+    #[arg(long, value_delimiter = ',')]
+    sweep: Vec<String>,
     /// Connection counts tried for the ceiling.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     connections: Vec<usize>,
@@ -97,18 +101,37 @@ struct Args {
 }
 
 /// Settings tried besides the defaults: workers × batch size.
-fn default_sweep() -> Vec<RelaySettings> {
-    [
-        (1, 500),
-        (4, 500),
-        (2, 1000),
-        (4, 1000),
-        (8, 1000),
-        (4, 200),
-    ]
-    .into_iter()
-    .map(|(w, b)| RelaySettings::with(w, b))
-    .collect()
+const DEFAULT_SWEEP: [(usize, usize); 6] = [
+    (1, 500),
+    (4, 500),
+    (2, 1000),
+    (4, 1000),
+    (8, 1000),
+    (4, 200),
+];
+
+/// Parses the --sweep list ("w4-b1000,…" or "none").
+fn sweep_from(args: &[String]) -> anyhow::Result<Vec<RelaySettings>> {
+    if args.is_empty() {
+        return Ok(DEFAULT_SWEEP
+            .into_iter()
+            .map(|(w, b)| RelaySettings::with(w, b))
+            .collect());
+    }
+    if args == ["none"] {
+        return Ok(Vec::new());
+    }
+    args.iter()
+        .map(|text| {
+            let parsed = text
+                .strip_prefix('w')
+                .and_then(|rest| rest.split_once("-b"))
+                .and_then(|(w, b)| Some((w.parse().ok()?, b.parse().ok()?)));
+            parsed
+                .map(|(w, b)| RelaySettings::with(w, b))
+                .ok_or_else(|| anyhow::anyhow!("--sweep entries look like w4-b1000, got {text:?}"))
+        })
+        .collect()
 }
 
 async fn versions(env: &Env) -> (String, String) {
@@ -205,7 +228,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 runs: args.runs.max(1),
                 window: Duration::from_secs(args.window.max(1)),
                 connections: args.connections.clone(),
-                sweep: default_sweep(),
+                sweep: sweep_from(&args.sweep)?,
                 drain: false,
             }
         };
@@ -224,10 +247,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         } else {
             let duration = Duration::from_secs(args.minutes.max(1) * 60);
-            // 10 million rows, or about what the minutes can relay at ~25k msg/s.
+            // 10 million rows, or about what the minutes can relay at ~45k msg/s.
             let rows = args
                 .rows
-                .unwrap_or_else(|| (args.minutes * 60 * 25_000).min(10_000_000));
+                .unwrap_or_else(|| (args.minutes * 60 * 45_000).min(10_000_000));
             SustainedOptions {
                 rows,
                 duration,

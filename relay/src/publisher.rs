@@ -1,14 +1,17 @@
 //! Publishing a batch and awaiting its confirms, behind a small trait so another broker can be
 //! added without touching the claim loop. RabbitMQ through lapin is the one implemented.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
 use futures::FutureExt;
+use futures::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
+    PublisherConfirm,
 };
 
 use crate::config::ExchangeType;
@@ -69,6 +72,13 @@ pub trait Publisher: Send {
     ) -> impl Future<Output = BatchOutcome> + Send;
     /// Cheap check that the connection is usable, for readiness.
     fn is_connected(&self) -> bool;
+}
+
+/// What became of one publish before returned messages are matched up.
+enum Settled {
+    NotSent,
+    TimedOut,
+    Done(Result<Confirmation, lapin::Error>),
 }
 
 /// Publisher settings that do not depend on the row.
@@ -160,84 +170,106 @@ impl Publisher for AmqpPublisher {
             immediate: false,
         };
         let started = std::time::Instant::now();
-        let mut confirms = Vec::with_capacity(messages.len());
+        // lapin's basic_publish resolves only once its frames were written to the socket, so
+        // awaiting publishes one by one costs a hop through the I/O loop per message. Its
+        // frames are queued on the first poll, though, and join_all polls in order: every
+        // message is queued in order (delivery tags too) before the first write is awaited,
+        // and the I/O loop writes them in large batches.
+        let publishes = messages.iter().map(|message| {
+            self.channel.basic_publish(
+                exchange.clone(),
+                message.routing_key.into(),
+                options,
+                message.payload,
+                self.properties(message),
+            )
+        });
         let mut broken = None;
-        // Every publish goes out before the first confirm is awaited: one round trip per batch.
-        for message in messages {
-            let properties = self.properties(message);
-            match self
-                .channel
-                .basic_publish(
-                    exchange.clone(),
-                    message.routing_key.into(),
-                    options,
-                    message.payload,
-                    properties,
-                )
-                .await
-            {
-                Ok(confirm) => confirms.push(confirm),
+        let confirms: Vec<Option<PublisherConfirm>> = join_all(publishes)
+            .await
+            .into_iter()
+            .map(|published| match published {
+                Ok(confirm) => Some(confirm),
                 Err(e) => {
-                    broken = Some(format!("publish failed: {e}"));
-                    break;
+                    broken.get_or_insert_with(|| format!("publish failed: {e}"));
+                    None
                 }
-            }
-        }
+            })
+            .collect();
 
         let publish_time = started.elapsed();
         let deadline = tokio::time::Instant::now() + self.settings.timeout;
-        let mut deliveries = Vec::with_capacity(messages.len());
+        let mut settled = Vec::with_capacity(messages.len());
         let mut timed_out = false;
         for confirm in confirms {
-            let result = if timed_out {
+            settled.push(match confirm {
+                // Never handed to the broker.
+                None => Settled::NotSent,
                 // Past the deadline, take only what has already arrived.
-                confirm.now_or_never()
-            } else {
-                match tokio::time::timeout_at(deadline, confirm).await {
-                    Ok(result) => Some(result),
+                Some(confirm) if timed_out => confirm
+                    .now_or_never()
+                    .map_or(Settled::TimedOut, Settled::Done),
+                Some(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
+                    Ok(result) => Settled::Done(result),
                     Err(_) => {
                         timed_out = true;
-                        None
+                        Settled::TimedOut
                     }
-                }
-            };
-            deliveries.push(match result {
-                Some(Ok(Confirmation::Ack(None) | Confirmation::NotRequested)) => {
-                    Delivery::Confirmed
-                }
-                Some(Ok(Confirmation::Ack(Some(returned)))) => Delivery::Rejected {
-                    reason: FailureReason::Unroutable,
-                    detail: format!(
-                        "returned by the broker as unroutable: {} {}",
-                        returned.reply_code, returned.reply_text
-                    ),
                 },
-                Some(Ok(Confirmation::Nack(_))) => Delivery::Rejected {
+            });
+        }
+
+        // lapin hands a basic.return to whichever confirm it completes next, and one multiple
+        // ack completes many confirms, so with many publishes in flight the return may ride
+        // on a neighbour's confirm. The returned message carries its message_id (the row id):
+        // that, not the confirm it arrived with, says which message came back.
+        let mut returned = HashMap::new();
+        for outcome in &settled {
+            if let Settled::Done(Ok(
+                Confirmation::Ack(Some(message)) | Confirmation::Nack(Some(message)),
+            )) = outcome
+                && let Some(id) = message.properties.message_id()
+            {
+                returned.insert(
+                    id.to_string(),
+                    format!("{} {}", message.reply_code, message.reply_text),
+                );
+            }
+        }
+        let mut deliveries = Vec::with_capacity(messages.len());
+        for (message, outcome) in messages.iter().zip(settled) {
+            deliveries.push(match outcome {
+                Settled::NotSent => Delivery::Unknown {
+                    reason: FailureReason::BrokerUnavailable,
+                },
+                Settled::TimedOut => Delivery::Unknown {
+                    reason: FailureReason::Timeout,
+                },
+                Settled::Done(Ok(Confirmation::Nack(_))) => Delivery::Rejected {
                     reason: FailureReason::Nack,
                     detail: "negatively acknowledged (basic.nack) by the broker".into(),
                 },
-                Some(Err(e)) => {
+                Settled::Done(Ok(Confirmation::Ack(_) | Confirmation::NotRequested)) => {
+                    match returned.get(&message.id.to_string()) {
+                        Some(reply) => Delivery::Rejected {
+                            reason: FailureReason::Unroutable,
+                            detail: format!("returned by the broker as unroutable: {reply}"),
+                        },
+                        None => Delivery::Confirmed,
+                    }
+                }
+                Settled::Done(Err(e)) => {
                     broken.get_or_insert_with(|| format!("confirm failed: {e}"));
                     Delivery::Unknown {
                         reason: FailureReason::BrokerUnavailable,
                     }
                 }
-                None => Delivery::Unknown {
-                    reason: FailureReason::Timeout,
-                },
             });
         }
         if timed_out {
             // A late confirm on this channel would be ambiguous; start over on a fresh one.
             broken.get_or_insert_with(|| format!("no confirm within {:?}", self.settings.timeout));
         }
-        // Messages never handed to the channel are unknown too.
-        deliveries.resize(
-            messages.len(),
-            Delivery::Unknown {
-                reason: FailureReason::BrokerUnavailable,
-            },
-        );
         BatchOutcome {
             deliveries,
             broken,
