@@ -78,7 +78,8 @@ pub trait Publisher: Send {
 enum Settled {
     NotSent,
     TimedOut,
-    Done(Result<Confirmation, lapin::Error>),
+    /// Boxed: a confirmation can carry a whole returned message, most carry nothing.
+    Done(Box<Result<Confirmation, lapin::Error>>),
 }
 
 /// Publisher settings that do not depend on the row.
@@ -208,9 +209,9 @@ impl Publisher for AmqpPublisher {
                 // Past the deadline, take only what has already arrived.
                 Some(confirm) if timed_out => confirm
                     .now_or_never()
-                    .map_or(Settled::TimedOut, Settled::Done),
+                    .map_or(Settled::TimedOut, |r| Settled::Done(Box::new(r))),
                 Some(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
-                    Ok(result) => Settled::Done(result),
+                    Ok(result) => Settled::Done(Box::new(result)),
                     Err(_) => {
                         timed_out = true;
                         Settled::TimedOut
@@ -225,9 +226,9 @@ impl Publisher for AmqpPublisher {
         // that, not the confirm it arrived with, says which message came back.
         let mut returned = HashMap::new();
         for outcome in &settled {
-            if let Settled::Done(Ok(
-                Confirmation::Ack(Some(message)) | Confirmation::Nack(Some(message)),
-            )) = outcome
+            if let Settled::Done(done) = outcome
+                && let Ok(Confirmation::Ack(Some(message)) | Confirmation::Nack(Some(message))) =
+                    done.as_ref()
                 && let Some(id) = message.properties.message_id()
             {
                 returned.insert(
@@ -238,19 +239,31 @@ impl Publisher for AmqpPublisher {
         }
         let mut deliveries = Vec::with_capacity(messages.len());
         for (message, outcome) in messages.iter().zip(settled) {
-            deliveries.push(match outcome {
-                Settled::NotSent => Delivery::Unknown {
-                    reason: FailureReason::BrokerUnavailable,
-                },
-                Settled::TimedOut => Delivery::Unknown {
-                    reason: FailureReason::Timeout,
-                },
-                Settled::Done(Ok(Confirmation::Nack(_))) => Delivery::Rejected {
+            let done = match outcome {
+                Settled::NotSent => {
+                    deliveries.push(Delivery::Unknown {
+                        reason: FailureReason::BrokerUnavailable,
+                    });
+                    continue;
+                }
+                Settled::TimedOut => {
+                    deliveries.push(Delivery::Unknown {
+                        reason: FailureReason::Timeout,
+                    });
+                    continue;
+                }
+                Settled::Done(done) => *done,
+            };
+            deliveries.push(match done {
+                Ok(Confirmation::Nack(_)) => Delivery::Rejected {
                     reason: FailureReason::Nack,
                     detail: "negatively acknowledged (basic.nack) by the broker".into(),
                 },
-                Settled::Done(Ok(Confirmation::Ack(_) | Confirmation::NotRequested)) => {
-                    match returned.get(&message.id.to_string()) {
+                Ok(Confirmation::Ack(_) | Confirmation::NotRequested) => {
+                    let came_back = (!returned.is_empty())
+                        .then(|| returned.get(&message.id.to_string()))
+                        .flatten();
+                    match came_back {
                         Some(reply) => Delivery::Rejected {
                             reason: FailureReason::Unroutable,
                             detail: format!("returned by the broker as unroutable: {reply}"),
@@ -258,7 +271,7 @@ impl Publisher for AmqpPublisher {
                         None => Delivery::Confirmed,
                     }
                 }
-                Settled::Done(Err(e)) => {
+                Err(e) => {
                     broken.get_or_insert_with(|| format!("confirm failed: {e}"));
                     Delivery::Unknown {
                         reason: FailureReason::BrokerUnavailable,
