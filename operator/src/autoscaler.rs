@@ -90,6 +90,8 @@ pub enum Reason {
     Paused,
     /// Reports are stale or missing: fallback replicas.
     StaleReports,
+    /// The replicas changed moments ago and the new pods have not reported yet: kept as is.
+    AwaitingReports,
 }
 
 /// What held the recommendation back from the raw desired count.
@@ -135,6 +137,10 @@ impl Recommendation {
             Reason::Paused => format!("scaling is paused at {} replicas", self.replicas),
             Reason::StaleReports => format!(
                 "no fresh lag report; running the fallback of {} replicas",
+                self.replicas
+            ),
+            Reason::AwaitingReports => format!(
+                "waiting for the first reports of the pods after the last scale; keeping {} replicas",
                 self.replicas
             ),
             Reason::Backlog => format!(
@@ -248,15 +254,33 @@ pub fn recommend(
     let backlog = match (observation.backlog, fresh) {
         (Some(backlog), true) => backlog.max(0),
         _ => {
-            let replicas = config.fallback_replicas.clamp(floor.max(1), ceiling);
+            // Pods just started (or just added) have not reported yet: that is not staleness
+            // until staleAfter has passed since the change, so a fresh scale-up does not bounce
+            // to the fallback.
+            let settling = current > 0
+                && next
+                    .last_scale_time
+                    .is_some_and(|at| since(now, at) < config.stale_after);
+            let (replicas, reason) = if settling {
+                (current, Reason::AwaitingReports)
+            } else {
+                (
+                    config.fallback_replicas.clamp(floor.max(1), ceiling),
+                    Reason::StaleReports,
+                )
+            };
             let rec = Recommendation {
                 replicas,
                 bounded: replicas,
                 desired: replicas,
-                reason: Reason::StaleReports,
+                reason,
                 limit: None,
             };
+            // The fallback enters the stabilization history like any recommendation, so
+            // leaving it is as calm as any other scale-down.
+            next.recommendations.push_back((now, replicas));
             next.record_change(now, current, replicas);
+            next.forget_before(now, config);
             return (rec, next);
         }
     };
@@ -547,6 +571,45 @@ mod tests {
     }
 
     #[test]
+    fn new_pods_get_time_to_report_before_the_fallback() {
+        let config = ScalingConfig {
+            fallback_replicas: 1,
+            ..config()
+        };
+        let (up, history) = recommend(&ScalingHistory::default(), t(0), &seen(1, 4_000), &config);
+        assert_eq!(up.replicas, 4);
+        let silent = Observation {
+            backlog: None,
+            backlog_age: None,
+            ..seen(4, 0)
+        };
+        let (rec, history) = recommend(&history, t(5), &silent, &config);
+        assert_eq!((rec.replicas, rec.reason), (4, Reason::AwaitingReports));
+        let (rec, _) = recommend(&history, t(61), &silent, &config);
+        assert_eq!((rec.replicas, rec.reason), (1, Reason::StaleReports));
+    }
+
+    #[test]
+    fn leaving_the_fallback_is_stabilized_like_any_scale_down() {
+        let config = ScalingConfig {
+            fallback_replicas: 6,
+            ..config()
+        };
+        let silent = Observation {
+            backlog: None,
+            backlog_age: None,
+            ..seen(2, 0)
+        };
+        let (fallback, history) = recommend(&ScalingHistory::default(), t(0), &silent, &config);
+        assert_eq!(fallback.replicas, 6);
+        // Reports are back and ask for 1; the 300 s window still remembers the 6.
+        let (rec, history) = recommend(&history, t(30), &seen(6, 500), &config);
+        assert_eq!((rec.replicas, rec.limit), (6, Some(Limit::Stabilizing)));
+        let (rec, _) = recommend(&history, t(301), &seen(6, 500), &config);
+        assert_eq!(rec.replicas, 1);
+    }
+
+    #[test]
     fn paused_freezes_and_drain_target_uses_the_rate() {
         let paused = ScalingConfig {
             paused: true,
@@ -687,6 +750,23 @@ mod tests {
             let (rec, _) = recommend(&ScalingHistory::default(), t(0), &observation, &config);
             prop_assert!(rec.replicas >= 1);
             prop_assert_eq!(rec.reason, Reason::StaleReports);
+        }
+
+        #[test]
+        fn stale_reports_never_lead_to_zero_whatever_came_before(
+            config in arbitrary_config(), rounds in arbitrary_rounds(), start in 0..30i32, gap in 1..200i64
+        ) {
+            let mut history = ScalingHistory::default();
+            let mut current = start;
+            for (at, backlog) in &rounds {
+                let (rec, next) = recommend(&history, t(*at), &seen(current, *backlog), &config);
+                history = next;
+                current = rec.replicas;
+            }
+            let last = rounds.last().map_or(0, |(at, _)| *at);
+            let silent = Observation { backlog: None, backlog_age: None, ..seen(current, 0) };
+            let (rec, _) = recommend(&history, t(last + gap), &silent, &config);
+            prop_assert!(rec.replicas >= 1, "stale reports led to zero: {rec:?}");
         }
     }
 }

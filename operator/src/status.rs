@@ -146,6 +146,15 @@ pub fn scaling_conditions(scaling: &ScalingOutcome) -> (NewCondition, NewConditi
             NewCondition::new(SCALING_ACTIVE, false, "Paused", message.clone()),
             NewCondition::new(SCALING_LIMITED, true, "Paused", message),
         ),
+        Reason::AwaitingReports => (
+            NewCondition::new(
+                SCALING_ACTIVE,
+                ConditionStatus::Unknown,
+                "AwaitingReports",
+                message.clone(),
+            ),
+            NewCondition::new(SCALING_LIMITED, false, "AwaitingReports", message),
+        ),
         Reason::StaleReports => {
             let why = scaling
                 .lag_problem
