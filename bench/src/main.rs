@@ -67,6 +67,9 @@ struct Args {
     /// Measured window of one throughput run, in seconds.
     #[arg(long, default_value_t = 15)]
     window: u64,
+    /// Sustained variants to run: mark, mark-no-autovacuum, delete (default all).
+    #[arg(long, value_delimiter = ',')]
+    sustained_variants: Vec<String>,
     /// Minutes of each sustained run.
     #[arg(long, default_value_t = 10)]
     minutes: u64,
@@ -244,6 +247,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 rows: args.rows.unwrap_or(20_000),
                 duration: Duration::from_secs(3),
                 bucket: Duration::from_secs(1),
+                variants: Vec::new(),
             }
         } else {
             let duration = Duration::from_secs(args.minutes.max(1) * 60);
@@ -255,6 +259,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 rows,
                 duration,
                 bucket: Duration::from_secs(60),
+                variants: args.sustained_variants.clone(),
             }
         };
         report.sustained = sustained::run(&env, &names, &options).await?;

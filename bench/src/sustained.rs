@@ -23,6 +23,8 @@ pub struct SustainedOptions {
     pub duration: Duration,
     /// Length of one throughput bucket: a minute, shorter in the smoke run.
     pub bucket: Duration,
+    /// Which variants to run (mark, mark-no-autovacuum, delete); empty means all.
+    pub variants: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -69,12 +71,20 @@ pub async fn run(
     options: &SustainedOptions,
 ) -> anyhow::Result<Vec<SustainedRun>> {
     let variants = [
-        ("mark", DeliveryMode::Mark, true),
-        ("mark, no autovacuum settings", DeliveryMode::Mark, false),
-        ("delete", DeliveryMode::Delete, true),
+        ("mark", "mark", DeliveryMode::Mark, true),
+        (
+            "mark-no-autovacuum",
+            "mark, no autovacuum settings",
+            DeliveryMode::Mark,
+            false,
+        ),
+        ("delete", "delete", DeliveryMode::Delete, true),
     ];
     let mut results = Vec::new();
-    for (index, (label, mode, autovacuum)) in variants.into_iter().enumerate() {
+    for (index, (key, label, mode, autovacuum)) in variants.into_iter().enumerate() {
+        if !options.variants.is_empty() && !options.variants.iter().any(|v| v == key) {
+            continue;
+        }
         eprintln!(
             "== sustained, {label}: seeding {} rows, then {:?} of relaying",
             options.rows, options.duration

@@ -11,6 +11,11 @@ use crate::table::{DeliveryMode, OutboxTable};
 pub struct Statements {
     /// Claims up to `$1` pending rows in claim order, skipping rows other workers hold.
     pub claim: Arc<str>,
+    /// The same claim starting at the claim position of row `$2` (a uuid), so the index scan
+    /// seeks past the processed rows whose dead entries pile up at the head of the pending
+    /// index until vacuum. Only a shortcut: the worker still runs the full claim regularly,
+    /// which picks up rows that commit late with an older claim position.
+    pub claim_from: Arc<str>,
     /// Settles a batch where every row was confirmed: `$1 uuid[]`.
     pub settle_all_published: Arc<str>,
     /// Settles a batch with per-row outcomes: `$1 uuid[]`, `$2 text[]` (error or NULL),
@@ -75,12 +80,21 @@ impl Statements {
             format!("coalesce(t.{}, 0)::int4", col.quoted())
         });
 
-        let claim = format!(
-            "SELECT t.{id}, {kind_expr}, {payload_expr}, t.{occurred}::timestamptz, \
-             {routing_expr}, {headers_expr}, {attempts_expr} \
-             FROM {t} AS t WHERE t.{processed} IS NULL \
-             ORDER BY t.{occurred} LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
-        );
+        let claim_where = |bound: &str| {
+            format!(
+                "SELECT t.{id}, {kind_expr}, {payload_expr}, t.{occurred}::timestamptz, \
+                 {routing_expr}, {headers_expr}, {attempts_expr} \
+                 FROM {t} AS t WHERE t.{processed} IS NULL{bound} \
+                 ORDER BY t.{occurred} LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
+            )
+        };
+        let claim = claim_where("");
+        // The bound is read from the row itself so it keeps the column's own type (timestamp
+        // or timestamptz) and the index stays usable; a row that is gone (delete mode) makes
+        // it -infinity, which is the full claim.
+        let claim_from = claim_where(&format!(
+            " AND t.{occurred} >= coalesce((SELECT b.{occurred} FROM {t} AS b WHERE b.{id} = $2), '-infinity')"
+        ));
 
         let settle_all_published = match table.mode {
             DeliveryMode::Mark => format!(
@@ -127,6 +141,7 @@ impl Statements {
         Self {
             purge_processed: purge_processed.into(),
             claim: claim.into(),
+            claim_from: claim_from.into(),
             settle_all_published: settle_all_published.into(),
             settle_outcomes: settle_outcomes.into(),
             backlog: backlog.into(),
@@ -156,6 +171,9 @@ mod tests {
                 .contains("ORDER BY t.\"occurred_on_utc\" LIMIT $1 FOR UPDATE OF t SKIP LOCKED")
         );
         assert!(s.claim.contains("NULL::text, NULL::jsonb, 0"));
+        assert!(s.claim_from.contains(
+            "IS NULL AND t.\"occurred_on_utc\" >= coalesce((SELECT b.\"occurred_on_utc\" FROM \"app\".\"outbox\" AS b WHERE b.\"id\" = $2), '-infinity') ORDER BY t.\"occurred_on_utc\" LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
+        ));
     }
 
     #[test]

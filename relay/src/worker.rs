@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
-use crate::batch::{BatchError, BatchSettings, run_batch};
+use crate::batch::{BatchError, BatchSettings, ClaimCursor, run_batch};
 use crate::metrics::Metrics;
 use crate::publisher::{AmqpPublisher, AmqpSettings, Publisher};
 use crate::secret_url::SecretUrl;
@@ -71,6 +71,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
     let mut db_backoff = Backoff::default();
     let mut broker_backoff = Backoff::default();
     let mut wake = ctx.wake.clone();
+    let mut cursor = ClaimCursor::default();
 
     while !ctx.shutdown.is_cancelled() {
         if db.is_none() {
@@ -115,6 +116,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
         let seen_wake = *wake.borrow_and_update();
         let conn = db.as_mut().expect("connected above");
         let publisher = broker.as_mut().expect("connected above");
+        let seek_from = cursor.next_bound();
         ctx.metrics.workers_busy.inc();
         let result = run_batch(
             conn,
@@ -122,6 +124,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
             &ctx.statements,
             &ctx.settings,
             &ctx.metrics,
+            seek_from,
         )
         .await;
         ctx.metrics.workers_busy.dec();
@@ -129,6 +132,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
             Ok(report) => {
                 ctx.published_total
                     .fetch_add(report.published as u64, Ordering::Relaxed);
+                cursor.advance(&report, ctx.settings.batch_size);
                 if let Some(reason) = report.broker_broken {
                     warn!(worker, %reason, untouched = report.untouched, "broker connection failed mid-batch; reconnecting");
                     if let Some(old) = broker.take() {
@@ -136,7 +140,9 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
                     }
                     broker_flag.set(false);
                     pause(&ctx.shutdown, broker_backoff.next_delay()).await;
-                } else if report.claimed == 0 {
+                } else if report.claimed == 0 && seek_from.is_none() {
+                    // Only an empty full claim means the table has nothing; an empty seek
+                    // falls back to a full claim right away.
                     idle(&ctx, &mut wake, seen_wake).await;
                 }
             }
@@ -147,6 +153,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
                 };
                 warn!(worker, error = %message, "batch rolled back; reconnecting to PostgreSQL");
                 db = None;
+                cursor.reset();
                 db_flag.set(false);
                 pause(&ctx.shutdown, db_backoff.next_delay()).await;
             }
