@@ -13,7 +13,7 @@ build:
 	$(CARGO) build --workspace --all-targets
 
 release:
-	$(CARGO) build --release -p outbox-relay -p outbox-operator
+	$(CARGO) build --release -p outbox-relay -p outbox-operator -p outbox-bench -p outbox-tests --bins
 
 services:
 	./scripts/services.sh
