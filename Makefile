@@ -58,7 +58,7 @@ chaos: services release
 ## chaos-smoke: a seconds-long chaos run and a longer property-based fuzz of the parsers.
 chaos-smoke: services
 	./target/release/outbox-chaos --smoke
-	PROPTEST_CASES=2000 $(CARGO) test --release -q -p outbox-relay -p outbox-tests fuzz_
+	PROPTEST_CASES=2000 $(CARGO) test --workspace --release -q fuzz_
 
 e2e-cluster:
 	./scripts/e2e-cluster.sh
