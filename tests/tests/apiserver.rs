@@ -198,7 +198,7 @@ async fn apply_and_status_subresource_keep_their_parts_apart() {
 }
 
 #[tokio::test]
-async fn watches_replay_from_a_resource_version_honour_selectors_and_timeouts_and_bookmark_quiet_spells() {
+async fn watches_replay_and_honour_selectors_timeouts_and_bookmarks() {
     let server = ApiServer::start().await.unwrap();
     let deployments: Api<Deployment> = Api::namespaced(server.client("shop"), "shop");
     let apply = PatchParams::apply("test-manager");
