@@ -41,6 +41,26 @@ pub struct RelayProcess {
     pub log: PathBuf,
 }
 
+/// `run` arguments for a test relay on `table` publishing to `exchange`: an ephemeral metrics
+/// port and short poll and report intervals, then `extra`.
+pub fn run_args<'a>(table: &'a str, exchange: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "run",
+        "--table",
+        table,
+        "--exchange",
+        exchange,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--poll-interval",
+        "50ms",
+        "--report-interval",
+        "1s",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Runs `outbox-relay <args>` with the test's database and broker URLs in the environment.
 pub fn spawn_relay(name: &str, args: &[&str]) -> RelayProcess {
     let log = log_path(name);

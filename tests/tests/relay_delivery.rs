@@ -7,24 +7,6 @@ use outbox_relay::ident::Ident;
 use outbox_relay::table::DeliveryMode;
 use outbox_tests::{broker, db, process, unique};
 
-fn run_args<'a>(table: &'a str, exchange: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        "run",
-        "--table",
-        table,
-        "--exchange",
-        exchange,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "50ms",
-        "--report-interval",
-        "1s",
-    ];
-    args.extend_from_slice(extra);
-    args
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_rows_four_workers_each_id_once() {
     let name = unique("deliv");
@@ -32,7 +14,8 @@ async fn hundred_thousand_rows_four_workers_each_id_once() {
     let mut conn = db::seeded_table(&table, 100_000).await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
 
-    let mut relay = process::spawn_relay(&name, &run_args(&name, &name, &["--workers", "4"]));
+    let mut relay =
+        process::spawn_relay(&name, &process::run_args(&name, &name, &["--workers", "4"]));
     let drained = db::wait_until_drained(&table, Duration::from_secs(180)).await;
     assert!(
         drained,
@@ -67,7 +50,7 @@ async fn two_relay_processes_never_publish_an_id_twice() {
     let mut conn = db::seeded_table(&table, 30_000).await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
 
-    let args = run_args(&name, &name, &["--workers", "2", "--batch-size", "200"]);
+    let args = process::run_args(&name, &name, &["--workers", "2", "--batch-size", "200"]);
     let mut first = process::spawn_relay(&format!("{name}-a"), &args);
     let mut second = process::spawn_relay(&format!("{name}-b"), &args);
     assert_eq!(
@@ -181,7 +164,7 @@ async fn messages_carry_the_amqp_properties_of_their_row() {
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 10).await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
-    let mut relay = process::spawn_relay(&name, &run_args(&name, &name, &[]));
+    let mut relay = process::spawn_relay(&name, &process::run_args(&name, &name, &[]));
     assert_eq!(consumer.wait_for(10, Duration::from_secs(30)).await, 10);
     assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
     let ids = db::all_ids(&mut conn, &table).await;

@@ -14,21 +14,7 @@ async fn kill_9_mid_run_then_restart_delivers_everything_with_bounded_duplicates
     let mut conn = db::seeded_table(&table, 60_000).await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
     let (batch, workers) = (500u64, 2u64);
-    let args = [
-        "run",
-        "--table",
-        &name,
-        "--exchange",
-        &name,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--batch-size",
-        "500",
-        "--workers",
-        "2",
-        "--poll-interval",
-        "50ms",
-    ];
+    let args = process::run_args(&name, &name, &["--batch-size", "500", "--workers", "2"]);
     let mut relay = process::spawn_relay(&name, &args);
     consumer.wait_for(10_000, Duration::from_secs(60)).await;
     relay.kill9().await;
@@ -66,25 +52,20 @@ async fn broker_connections_cut_mid_run_mark_nothing_unconfirmed_and_resume() {
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 40_000).await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
-    let args = [
-        "run",
-        "--table",
+    let args = process::run_args(
         &name,
-        "--exchange",
         &name,
-        "--relay-name",
-        &name,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--batch-size",
-        "200",
-        "--workers",
-        "2",
-        "--publish-timeout",
-        "3s",
-        "--poll-interval",
-        "50ms",
-    ];
+        &[
+            "--relay-name",
+            &name,
+            "--batch-size",
+            "200",
+            "--workers",
+            "2",
+            "--publish-timeout",
+            "3s",
+        ],
+    );
     let mut relay = process::spawn_relay(&name, &args);
     consumer.wait_for(5_000, Duration::from_secs(60)).await;
     let mut cuts = 0;
@@ -156,27 +137,22 @@ async fn poison_rows_are_dead_lettered_after_max_attempts_while_the_rest_flows()
     let consumer = broker::consume(&name, ExchangeKind::Direct, "good").await;
     let dlx = format!("{name}_dlx");
     let dead = broker::consume(&dlx, ExchangeKind::Fanout, "").await;
-    let args = [
-        "run",
-        "--table",
+    let args = process::run_args(
         &name,
-        "--exchange",
         &name,
-        "--attempts-column",
-        "attempts",
-        "--mandatory",
-        "true",
-        "--max-attempts",
-        "3",
-        "--dead-letter-exchange",
-        &dlx,
-        "--batch-size",
-        "100",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "50ms",
-    ];
+        &[
+            "--attempts-column",
+            "attempts",
+            "--mandatory",
+            "true",
+            "--max-attempts",
+            "3",
+            "--dead-letter-exchange",
+            &dlx,
+            "--batch-size",
+            "100",
+        ],
+    );
     let mut relay = process::spawn_relay(&name, &args);
     assert!(
         db::wait_until_drained(&table, Duration::from_secs(60)).await,
@@ -217,19 +193,7 @@ async fn sigterm_mid_run_exits_zero_and_a_restart_adds_no_duplicates() {
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 50_000).await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
-    let args = [
-        "run",
-        "--table",
-        &name,
-        "--exchange",
-        &name,
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--workers",
-        "4",
-        "--poll-interval",
-        "50ms",
-    ];
+    let args = process::run_args(&name, &name, &["--workers", "4"]);
     let mut relay = process::spawn_relay(&name, &args);
     consumer.wait_for(5_000, Duration::from_secs(60)).await;
     assert_eq!(
