@@ -61,8 +61,9 @@ pub struct BatchReport {
     pub untouched: usize,
     /// Set when the broker connection must be replaced before the next batch.
     pub broker_broken: Option<String>,
-    /// The last row of the claim (latest claim position), for the next claim to seek from.
-    pub last_claimed: Option<Uuid>,
+    /// The claim position (occurred-at) of the batch's last row, for the next claim to seek
+    /// from; None when that row has no occurred-at.
+    pub last_claimed: Option<DateTime<Utc>>,
 }
 
 /// How often a worker runs the full claim even while seeking from its last batch works: the
@@ -71,19 +72,20 @@ pub struct BatchReport {
 pub const FULL_CLAIM_EVERY: Duration = Duration::from_secs(1);
 
 /// Where a worker's next claim may start. After a full batch the next claim seeks to the last
-/// claimed row instead of walking the processed rows' dead index entries from the head of the
+/// claimed row's claim position instead of walking the processed rows' dead index entries from the head of the
 /// pending index (they stay until vacuum and make every claim slower as they pile up). Rows
 /// older than that position are never assumed done: a full claim runs at least every
 /// [`FULL_CLAIM_EVERY`], after any short batch and after any failure.
 #[derive(Debug, Default)]
 pub struct ClaimCursor {
-    last_claimed: Option<Uuid>,
+    last_claimed: Option<DateTime<Utc>>,
     last_full_claim: Option<Instant>,
 }
 
 impl ClaimCursor {
-    /// The row to seek from, or None for a full claim (which is then recorded as done).
-    pub fn next_bound(&mut self) -> Option<Uuid> {
+    /// The claim position to seek from, or None for a full claim (which is then recorded as
+    /// done).
+    pub fn next_bound(&mut self) -> Option<DateTime<Utc>> {
         let full_due = self
             .last_full_claim
             .is_none_or(|at| at.elapsed() >= FULL_CLAIM_EVERY);
@@ -250,16 +252,16 @@ pub async fn run_batch<P: Publisher>(
     statements: &Statements,
     settings: &BatchSettings,
     metrics: &Metrics,
-    seek_from: Option<Uuid>,
+    seek_from: Option<DateTime<Utc>>,
 ) -> Result<BatchReport, BatchError> {
     let mut tx = timed(metrics, Stage::Claim, conn.begin()).await?;
     let claim = match seek_from {
         None => {
             sqlx::query(AssertSqlSafe(statements.claim.clone())).bind(settings.batch_size as i64)
         }
-        Some(row) => sqlx::query(AssertSqlSafe(statements.claim_from.clone()))
+        Some(position) => sqlx::query(AssertSqlSafe(statements.claim_from.clone()))
             .bind(settings.batch_size as i64)
-            .bind(row),
+            .bind(position),
     };
     let rows = timed(metrics, Stage::Claim, claim.fetch_all(&mut *tx)).await?;
     metrics.batch_size.observe(rows.len() as f64);
@@ -332,7 +334,7 @@ pub async fn run_batch<P: Publisher>(
     Ok(BatchReport {
         claimed: rows.len(),
         broker_broken: broken,
-        last_claimed: rows.last().map(|row| row.id),
+        last_claimed: rows.last().and_then(|row| row.occurred_at),
         ..report
     })
 }
@@ -528,7 +530,7 @@ mod tests {
     fn cursor_seeks_only_after_full_batches_and_claims_fully_every_second() {
         let mut cursor = ClaimCursor::default();
         assert_eq!(cursor.next_bound(), None, "the first claim is a full one");
-        let last = Uuid::from_u128(7);
+        let last = DateTime::<Utc>::from_timestamp(1_700_000_000, 0).unwrap();
         let full = BatchReport {
             claimed: 10,
             last_claimed: Some(last),

@@ -11,10 +11,11 @@ use crate::table::{DeliveryMode, OutboxTable};
 pub struct Statements {
     /// Claims up to `$1` pending rows in claim order, skipping rows other workers hold.
     pub claim: Arc<str>,
-    /// The same claim starting at the claim position of row `$2` (a uuid), so the index scan
-    /// seeks past the processed rows whose dead entries pile up at the head of the pending
-    /// index until vacuum. Only a shortcut: the worker still runs the full claim regularly,
-    /// which picks up rows that commit late with an older claim position.
+    /// The same claim starting at claim position `$2` (a timestamptz: the last claimed row's
+    /// occurred-at), so the index scan seeks past the processed rows whose dead entries pile up
+    /// at the head of the pending index until vacuum. The bound is a value, not a row, because
+    /// in delete mode that row is gone. Only a shortcut: the worker still runs the full claim
+    /// regularly, which picks up rows that commit late with an older claim position.
     pub claim_from: Arc<str>,
     /// Settles a batch where every row was confirmed: `$1 uuid[]`.
     pub settle_all_published: Arc<str>,
@@ -89,12 +90,11 @@ impl Statements {
             )
         };
         let claim = claim_where("");
-        // The bound is read from the row itself so it keeps the column's own type (timestamp
-        // or timestamptz) and the index stays usable; a row that is gone (delete mode) makes
-        // it -infinity, which is the full claim.
-        let claim_from = claim_where(&format!(
-            " AND t.{occurred} >= coalesce((SELECT b.{occurred} FROM {t} AS b WHERE b.{id} = $2), '-infinity')"
-        ));
+        // The bound is the claim's own output (the column cast to timestamptz). Against a
+        // timestamp column the comparison is btree's cross-type timestamp >= timestamptz, which
+        // converts with the session time zone exactly as the claim did, and is still an index
+        // condition.
+        let claim_from = claim_where(&format!(" AND t.{occurred} >= $2::timestamptz"));
 
         let settle_all_published = match table.mode {
             DeliveryMode::Mark => format!(
@@ -172,7 +172,7 @@ mod tests {
         );
         assert!(s.claim.contains("NULL::text, NULL::jsonb, 0"));
         assert!(s.claim_from.contains(
-            "IS NULL AND t.\"occurred_on_utc\" >= coalesce((SELECT b.\"occurred_on_utc\" FROM \"app\".\"outbox\" AS b WHERE b.\"id\" = $2), '-infinity') ORDER BY t.\"occurred_on_utc\" LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
+            "IS NULL AND t.\"occurred_on_utc\" >= $2::timestamptz ORDER BY t.\"occurred_on_utc\" LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
         ));
     }
 

@@ -1,0 +1,145 @@
+//! The seek claim against the real PostgreSQL: after a batch, the next claim starts at the
+//! last claimed row's claim position, even when that row is gone (delete mode), for both
+//! timestamptz and timestamp claim-order columns, and the bound is an index condition.
+
+use chrono::{DateTime, Utc};
+use outbox_relay::inspect::inspect;
+use outbox_relay::migrate::{MigrationOptions, migrate};
+use outbox_relay::sql::Statements;
+use outbox_relay::table::{DeliveryMode, OutboxTable};
+use outbox_tests::{db, unique};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
+use uuid::Uuid;
+
+const ROWS: usize = 10;
+
+/// A delete-mode table whose claim-order column has `column_type`, with ROWS pending rows
+/// whose claim positions are distinct and carry microseconds; returns the ids in claim order.
+async fn table_with_rows(column_type: &str) -> (PgConnection, OutboxTable, Vec<Uuid>) {
+    let mut table = db::table(&unique("seek"));
+    table.mode = DeliveryMode::Delete;
+    let mut conn = db::seeded_table(&table, 0).await;
+    let (t, occurred) = (table.name.quoted(), table.columns.occurred_at.quoted());
+    db::exec(
+        &mut conn,
+        &format!("ALTER TABLE {t} ALTER COLUMN {occurred} TYPE {column_type}"),
+    )
+    .await;
+    migrate(&mut conn, &table, &MigrationOptions::default())
+        .await
+        .expect("migrate");
+    // A session zone with DST and an offset, so a timestamp column's round trip through
+    // timestamptz is really exercised.
+    db::exec(&mut conn, "SET TimeZone = 'America/New_York'").await;
+    let mut ids = Vec::new();
+    for i in 0..ROWS {
+        let id = Uuid::new_v4();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {t} (id, type, content, {occurred}) \
+             VALUES ($1, 'seek', '{{}}', '2026-03-01 10:00:00'::{column_type} + make_interval(secs => $2))"
+        )))
+        .bind(id)
+        .bind(i as f64 * 1.000_123)
+        .execute(&mut conn)
+        .await
+        .expect("insert");
+        ids.push(id);
+    }
+    (conn, table, ids)
+}
+
+/// Claims (seeking from `bound` when given), returning the ids and the last claim position.
+async fn claim(
+    conn: &mut PgConnection,
+    statements: &Statements,
+    limit: i64,
+    bound: Option<DateTime<Utc>>,
+) -> (Vec<Uuid>, Option<DateTime<Utc>>) {
+    let query = match bound {
+        None => sqlx::query(AssertSqlSafe(statements.claim.clone())).bind(limit),
+        Some(at) => sqlx::query(AssertSqlSafe(statements.claim_from.clone()))
+            .bind(limit)
+            .bind(at),
+    };
+    let rows = query.fetch_all(&mut *conn).await.expect("claim");
+    let ids = rows.iter().map(|r| r.get::<Uuid, _>(0)).collect();
+    let last = rows.last().map(|r| r.get::<DateTime<Utc>, _>(3));
+    (ids, last)
+}
+
+async fn seek_starts_at_the_last_claimed_position(column_type: &str) {
+    let (mut conn, table, ids) = table_with_rows(column_type).await;
+    let shape = inspect(&mut conn, &table).await.expect("inspect");
+    let statements = Statements::for_shape(&table, &shape);
+
+    // One batch of four, settled the delete-mode way: the bound row no longer exists.
+    let mut tx = conn.begin().await.unwrap();
+    let (first, last) = claim(&mut tx, &statements, 4, None).await;
+    assert_eq!(first, ids[..4]);
+    sqlx::query(AssertSqlSafe(statements.settle_all_published.clone()))
+        .bind(&first)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    // A row committed late with an older claim position: the seek passes it by (the regular
+    // full claim is what picks it up), which shows the bound holds though its row is gone.
+    let late = Uuid::new_v4();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (id, type, content, {}) VALUES ($1, 'late', '{{}}', '2026-03-01 09:00:00')",
+        table.name.quoted(),
+        table.columns.occurred_at.quoted()
+    )))
+    .bind(late)
+    .execute(&mut conn)
+    .await
+    .expect("insert the late row");
+
+    // Only rows at or after the bound, and the round trip of the bound is exact (the first row
+    // after it is not skipped).
+    let (rest, _) = claim(&mut conn, &statements, 100, last).await;
+    assert_eq!(rest, ids[4..], "seek from the deleted row's claim position");
+    let (full, _) = claim(&mut conn, &statements, 1, None).await;
+    assert_eq!(full, [late], "the full claim starts at the head");
+    sqlx::query(AssertSqlSafe(statements.settle_all_published.clone()))
+        .bind(&full)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    // The bound is inclusive: seeking from row 7's own position claims row 7 first.
+    let (upto7, at7) = claim(&mut conn, &statements, 4, None).await;
+    assert_eq!(upto7, ids[4..8]);
+    let (from7, _) = claim(&mut conn, &statements, 100, at7).await;
+    assert_eq!(from7, ids[7..]);
+
+    // The bound is an index condition, not a filter applied after walking the index from its
+    // head (where the dead entries are).
+    db::exec(&mut conn, "SET enable_seqscan = off").await;
+    let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "EXPLAIN {}",
+        statements
+            .claim_from
+            .replace("$1", "10")
+            .replace("$2", "'2026-03-01 15:00:03+00'")
+    )))
+    .fetch_all(&mut conn)
+    .await
+    .expect("explain");
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("Index Cond: (occurred_on_utc >="),
+        "the seek bound must be an index condition:\n{plan}"
+    );
+}
+
+#[tokio::test]
+async fn seek_claim_on_a_timestamptz_column() {
+    seek_starts_at_the_last_claimed_position("timestamptz").await;
+}
+
+#[tokio::test]
+async fn seek_claim_on_a_timestamp_column_in_a_zone_with_an_offset() {
+    seek_starts_at_the_last_claimed_position("timestamp").await;
+}
