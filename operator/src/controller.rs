@@ -25,7 +25,7 @@ use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use outbox_relay::migrate::IndexAction;
+use outbox_relay::migrate::{AUTOVACUUM_OFF_WARNING, IndexAction};
 
 use crate::crd::{OutboxRelay, OutboxRelayStatus};
 use crate::deployment::{
@@ -292,6 +292,17 @@ async fn announce_migration(relay: &OutboxRelay, ctx: &Context, migration: &Migr
     let MigrationOutcome::Migrated(report) = migration else {
         return;
     };
+    if report.server_autovacuum_off {
+        events::publish(
+            &ctx.recorder,
+            relay,
+            EventType::Warning,
+            reasons::AUTOVACUUM_OFF,
+            "Migrate",
+            AUTOVACUUM_OFF_WARNING.to_string(),
+        )
+        .await;
+    }
     let (type_, reason) = match report.index {
         IndexAction::Created => (EventType::Normal, reasons::INDEX_CREATED),
         // Good news about bad news: the earlier build failed; say so loudly.

@@ -10,6 +10,7 @@ use crate::crd::OutboxRelay;
 pub mod reasons {
     pub const INDEX_CREATED: &str = "IndexCreated";
     pub const INVALID_INDEX_REBUILT: &str = "InvalidIndexRebuilt";
+    pub const AUTOVACUUM_OFF: &str = "AutovacuumOff";
     pub const DEPLOYMENT_CREATED: &str = "DeploymentCreated";
     pub const DEPLOYMENT_UPDATED: &str = "DeploymentUpdated";
     pub const SCALED_UP: &str = "ScaledUp";

@@ -293,6 +293,7 @@ mod tests {
             reports_table_created: true,
             autovacuum_changed: true,
             notify_installed: false,
+            server_autovacuum_off: false,
         })
     }
 

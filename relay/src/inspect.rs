@@ -30,6 +30,9 @@ pub struct TableShape {
     /// The database stores text as SQL_ASCII: its bytes need not be UTF-8, so text columns are
     /// read as raw bytes (a UTF-8 client would make the server refuse the whole batch).
     pub raw_text: bool,
+    /// Autovacuum runs on this server (`autovacuum` and `track_counts` both on). When it does
+    /// not, nothing reclaims the dead rows every processed row leaves, and the claim slows.
+    pub server_autovacuum: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,11 +140,15 @@ pub async fn inspect(
             missing,
         });
     }
-    let encoding: String = sqlx::query_scalar("SELECT current_setting('server_encoding')")
-        .fetch_one(&mut *conn)
-        .await?;
+    let (encoding, server_autovacuum): (String, bool) = sqlx::query_as(
+        "SELECT current_setting('server_encoding'), \
+                current_setting('autovacuum')::bool AND current_setting('track_counts')::bool",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(TableShape {
         payload,
         raw_text: encoding.eq_ignore_ascii_case("SQL_ASCII"),
+        server_autovacuum,
     })
 }

@@ -11,7 +11,7 @@
 use sqlx::{AssertSqlSafe, PgConnection};
 
 use crate::ident::Ident;
-use crate::inspect::{InspectError, inspect};
+use crate::inspect::{InspectError, TableShape, inspect};
 use crate::table::OutboxTable;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -43,7 +43,15 @@ pub struct MigrationReport {
     pub reports_table_created: bool,
     pub autovacuum_changed: bool,
     pub notify_installed: bool,
+    /// Autovacuum is off on the server, so the table's settings above have no effect.
+    pub server_autovacuum_off: bool,
 }
+
+/// What to tell a user whose server does not run autovacuum.
+pub const AUTOVACUUM_OFF_WARNING: &str = "autovacuum is off on this PostgreSQL server \
+    (autovacuum or track_counts = off): nothing reclaims the dead rows that processed rows leave, \
+    so the outbox table and its pending index keep growing and claims slow down; turn autovacuum \
+    on, or VACUUM the outbox table regularly";
 
 impl MigrationReport {
     /// One line per action, for humans.
@@ -72,6 +80,9 @@ impl MigrationReport {
         });
         if self.notify_installed {
             lines.push("installed the NOTIFY trigger".into());
+        }
+        if self.server_autovacuum_off {
+            lines.push(format!("warning: {AUTOVACUUM_OFF_WARNING}"));
         }
         lines
     }
@@ -164,7 +175,7 @@ pub async fn migrate(
     table: &OutboxTable,
     options: &MigrationOptions,
 ) -> Result<MigrationReport, MigrateError> {
-    inspect(conn, table).await?;
+    let shape = inspect(conn, table).await?;
     let key = lock_key(table);
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
         .bind(&key)
@@ -173,7 +184,7 @@ pub async fn migrate(
     if !locked {
         return Err(MigrateError::LockBusy);
     }
-    let result = migrate_locked(conn, table, options).await;
+    let result = migrate_locked(conn, table, options, &shape).await;
     // Unlock whatever happened; if the connection is gone, the lock went with it.
     let _ = sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
         .bind(&key)
@@ -199,6 +210,7 @@ async fn migrate_locked(
     conn: &mut PgConnection,
     table: &OutboxTable,
     options: &MigrationOptions,
+    shape: &TableShape,
 ) -> Result<MigrationReport, MigrateError> {
     let index = index_name(table, options);
     let qualified_index = qualified(table, &index);
@@ -255,6 +267,7 @@ async fn migrate_locked(
         reports_table_created: !reports_existed,
         autovacuum_changed,
         notify_installed: options.notify,
+        server_autovacuum_off: !shape.server_autovacuum,
     })
 }
 
@@ -331,6 +344,28 @@ mod tests {
              (\"occurred_on_utc\") INCLUDE (\"id\") WHERE \"processed_on_utc\" IS NULL"
         );
         assert!(!sql.contains("content"));
+    }
+
+    #[test]
+    fn a_server_without_autovacuum_is_reported_as_a_warning() {
+        let mut report = MigrationReport {
+            index_name: "i".into(),
+            index: IndexAction::AlreadyValid,
+            reports_table_created: false,
+            autovacuum_changed: false,
+            notify_installed: false,
+            server_autovacuum_off: false,
+        };
+        assert!(
+            !report
+                .lines()
+                .iter()
+                .any(|l| l.contains("autovacuum is off"))
+        );
+        report.server_autovacuum_off = true;
+        let last = report.lines().pop().unwrap();
+        assert!(last.starts_with("warning: autovacuum is off"), "{last}");
+        assert!(last.contains("VACUUM the outbox table"), "{last}");
     }
 
     #[test]

@@ -100,6 +100,9 @@ pub async fn run(
         http_stop.cancel();
         return Ok(());
     };
+    if !shape.server_autovacuum {
+        warn!("{}", crate::migrate::AUTOVACUUM_OFF_WARNING);
+    }
     let statements = Arc::new(Statements::for_shape(&config.db.table, &shape));
     let published_total = Arc::new(AtomicU64::new(0));
     // Keep the sender alive for the whole run; workers treat a closed channel as "poll only".

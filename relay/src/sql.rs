@@ -212,6 +212,7 @@ mod tests {
         let shape = TableShape {
             payload: PayloadKind::Text,
             raw_text: true,
+            server_autovacuum: true,
         };
         let s = Statements::for_shape(&table(), &shape);
         assert!(s.claim.contains("convert_to(t.\"type\"::text, 'SQL_ASCII'), convert_to(t.\"content\"::text, 'SQL_ASCII')"));

@@ -30,6 +30,14 @@ async fn migration_is_idempotent() {
     assert!(first.autovacuum_changed);
     let second = migrate(&mut conn, &table, &options).await.unwrap();
     assert_eq!(second.index, IndexAction::AlreadyValid);
+    // Whether autovacuum runs is the server's setting; the report must say what it is.
+    let server_off: bool = sqlx::query_scalar(
+        "SELECT bool_or(setting = 'off') FROM pg_settings WHERE name IN ('autovacuum', 'track_counts')",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(second.server_autovacuum_off, server_off);
     assert!(!second.reports_table_created);
     assert!(!second.autovacuum_changed);
     let (valid, def) = index_state(&mut conn, &table, &options).await.unwrap();
