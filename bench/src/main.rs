@@ -103,38 +103,49 @@ struct Args {
     out_dir: Option<PathBuf>,
 }
 
-/// Settings tried besides the defaults: workers × batch size.
-const DEFAULT_SWEEP: [(usize, usize); 6] = [
-    (1, 500),
-    (4, 500),
-    (2, 1000),
-    (4, 1000),
-    (8, 1000),
-    (4, 200),
+/// Settings tried besides the defaults: workers, batch size, publish slots (None: the
+/// relay's default of one; Some(0): one per worker, i.e. no limit).
+const DEFAULT_SWEEP: [(usize, usize, Option<usize>); 8] = [
+    (1, 500, None),
+    (3, 500, None),
+    (4, 500, None),
+    (2, 250, None),
+    (2, 1000, None),
+    (2, 500, Some(0)),
+    (4, 500, Some(0)),
+    (4, 1000, Some(0)),
 ];
 
-/// Parses the --sweep list ("w4-b1000,…" or "none").
+/// Parses the --sweep list ("w4-b1000,w2-b500-i0,…" or "none").
 fn sweep_from(args: &[String]) -> anyhow::Result<Vec<RelaySettings>> {
     if args.is_empty() {
         return Ok(DEFAULT_SWEEP
             .into_iter()
-            .map(|(w, b)| RelaySettings::with(w, b))
+            .map(|(w, b, i)| RelaySettings::with(w, b, i))
             .collect());
     }
     if args == ["none"] {
         return Ok(Vec::new());
     }
-    args.iter()
-        .map(|text| {
-            let parsed = text
-                .strip_prefix('w')
-                .and_then(|rest| rest.split_once("-b"))
-                .and_then(|(w, b)| Some((w.parse().ok()?, b.parse().ok()?)));
-            parsed
-                .map(|(w, b)| RelaySettings::with(w, b))
-                .ok_or_else(|| anyhow::anyhow!("--sweep entries look like w4-b1000, got {text:?}"))
-        })
-        .collect()
+    args.iter().map(|text| parse_setting(text)).collect()
+}
+
+fn parse_setting(text: &str) -> anyhow::Result<RelaySettings> {
+    let parsed = (|| {
+        let (workers, rest) = text.strip_prefix('w')?.split_once("-b")?;
+        let (batch, inflight) = match rest.split_once("-i") {
+            Some((batch, slots)) => (batch, Some(slots.parse().ok()?)),
+            None => (rest, None),
+        };
+        Some(RelaySettings::with(
+            workers.parse().ok()?,
+            batch.parse().ok()?,
+            inflight,
+        ))
+    })();
+    parsed.ok_or_else(|| {
+        anyhow::anyhow!("--sweep entries look like w4-b1000 or w4-b1000-i0, got {text:?}")
+    })
 }
 
 async fn versions(env: &Env) -> (String, String) {
@@ -221,7 +232,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 runs: 1,
                 window: Duration::from_secs(1),
                 connections: vec![1, 2],
-                sweep: vec![RelaySettings::with(4, 1000)],
+                sweep: vec![RelaySettings::with(4, 1000, Some(0))],
                 drain: true,
             }
         } else {
@@ -336,6 +347,32 @@ async fn main() -> ExitCode {
                 if smoke { " --smoke" } else { "" }
             );
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_entries_name_workers_batch_and_slots() {
+        let with_slots = parse_setting("w4-b1000-i0").unwrap();
+        assert_eq!(with_slots.label, "w4-b1000-i0");
+        assert_eq!(
+            with_slots.args,
+            [
+                "--workers",
+                "4",
+                "--batch-size",
+                "1000",
+                "--inflight-batches",
+                "0"
+            ]
+        );
+        assert_eq!(parse_setting("w2-b500").unwrap().args.len(), 4);
+        for bad in ["w2", "b500", "w2-b500-ix", "wx-b500"] {
+            assert!(parse_setting(bad).is_err(), "{bad}");
         }
     }
 }

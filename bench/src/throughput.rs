@@ -36,16 +36,21 @@ impl RelaySettings {
         }
     }
 
-    pub fn with(workers: usize, batch: usize) -> Self {
-        Self {
-            label: format!("w{workers}-b{batch}"),
-            args: vec![
-                "--workers".into(),
-                workers.to_string(),
-                "--batch-size".into(),
-                batch.to_string(),
-            ],
+    /// Workers and batch size, and the publish slots when given (`--inflight-batches`; the
+    /// relay's default otherwise). Labelled wN-bM or wN-bM-iK.
+    pub fn with(workers: usize, batch: usize, inflight: Option<usize>) -> Self {
+        let mut label = format!("w{workers}-b{batch}");
+        let mut args = vec![
+            "--workers".into(),
+            workers.to_string(),
+            "--batch-size".into(),
+            batch.to_string(),
+        ];
+        if let Some(slots) = inflight {
+            label.push_str(&format!("-i{slots}"));
+            args.extend(["--inflight-batches".into(), slots.to_string()]);
         }
+        Self { label, args }
     }
 }
 

@@ -271,6 +271,12 @@ pub struct RelaySpec {
     #[serde(default = "defaults::workers_per_pod")]
     #[schemars(range(min = 1, max = 64))]
     pub workers_per_pod: i32,
+    /// Batches a pod has at the broker at once; the other workers claim meanwhile and publish
+    /// as soon as a slot frees. 1 suits a queue on a nearby broker (it confirms one batch at a
+    /// time fastest); raise it for a distant broker. 0: one per worker.
+    #[serde(default = "defaults::inflight_batches")]
+    #[schemars(range(min = 0, max = 64))]
+    pub inflight_batches: i32,
     /// mark (set processed-at) or delete (remove the row) after the broker confirmed it.
     #[serde(default)]
     pub delivery_mode: DeliveryMode,
@@ -340,6 +346,7 @@ impl Default for RelaySpec {
             image_pull_policy: ImagePullPolicy::default(),
             batch_size: defaults::batch_size(),
             workers_per_pod: defaults::workers_per_pod(),
+            inflight_batches: defaults::inflight_batches(),
             delivery_mode: DeliveryMode::default(),
             max_attempts: defaults::max_attempts(),
             publish_timeout: defaults::publish_timeout(),
@@ -622,6 +629,9 @@ pub mod defaults {
     }
     pub fn workers_per_pod() -> i32 {
         2
+    }
+    pub fn inflight_batches() -> i32 {
+        1
     }
     pub fn max_attempts() -> i32 {
         5

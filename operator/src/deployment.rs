@@ -261,6 +261,7 @@ fn relay_args(relay: &OutboxRelay, plan: &RelayPlan) -> Vec<String> {
     }
     flag("batch-size", spec.relay.batch_size.to_string());
     flag("workers", spec.relay.workers_per_pod.to_string());
+    flag("inflight-batches", spec.relay.inflight_batches.to_string());
     flag(
         "publisher-confirms",
         spec.broker.publisher_confirms.to_string(),

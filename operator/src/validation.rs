@@ -166,6 +166,12 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         1,
         64,
     );
+    check.range(
+        "spec.relay.inflightBatches",
+        relay.inflight_batches.into(),
+        0,
+        64,
+    );
     check.range("spec.relay.maxAttempts", relay.max_attempts.into(), 1, 1000);
     check.range(
         "spec.relay.terminationGracePeriodSeconds",

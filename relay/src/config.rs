@@ -144,6 +144,14 @@ pub struct RunArgs {
     /// Concurrent claimers in this process, each with its own connections (1..=256). Default: 2.
     #[arg(long, env = "OUTBOX_RELAY_WORKERS", allow_hyphen_values = true)]
     pub workers: Option<i64>,
+    /// Batches of this process at the broker at once (0 = one per worker). Other workers claim
+    /// meanwhile and publish as soon as a slot frees. Default: 1.
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_INFLIGHT_BATCHES",
+        allow_hyphen_values = true
+    )]
+    pub inflight_batches: Option<i64>,
     /// Wait for broker confirms before marking rows. Turning this off can lose messages.
     #[arg(long, env = "OUTBOX_RELAY_PUBLISHER_CONFIRMS")]
     pub publisher_confirms: Option<bool>,
@@ -203,6 +211,7 @@ pub struct FileConfig {
     pub routing_key: Option<String>,
     pub batch_size: Option<i64>,
     pub workers: Option<i64>,
+    pub inflight_batches: Option<i64>,
     pub publisher_confirms: Option<bool>,
     pub mandatory: Option<bool>,
     pub publish_timeout: Option<String>,
@@ -270,6 +279,8 @@ pub struct RelayConfig {
     pub routing_key: RoutingKey,
     pub batch_size: usize,
     pub workers: usize,
+    /// Batches at the broker at once; 0 means no limit (one per worker).
+    pub inflight_batches: usize,
     pub publisher_confirms: bool,
     pub mandatory: bool,
     pub publish_timeout: Duration,
@@ -512,6 +523,13 @@ impl RunArgs {
             MAX_BATCH_SIZE,
         )? as usize;
         let workers = ranged("workers", self.workers.or(file.workers), 2, 1, MAX_WORKERS)? as usize;
+        let inflight_batches = ranged(
+            "inflight-batches",
+            self.inflight_batches.or(file.inflight_batches),
+            1,
+            0,
+            MAX_WORKERS,
+        )? as usize;
         let max_attempts = ranged(
             "max-attempts",
             self.max_attempts.or(file.max_attempts),
@@ -564,6 +582,7 @@ impl RunArgs {
             routing_key,
             batch_size,
             workers,
+            inflight_batches,
             publisher_confirms: self
                 .publisher_confirms
                 .or(file.publisher_confirms)
@@ -621,6 +640,7 @@ mod tests {
         assert_eq!(config.db.table.name.to_string(), "outbox_messages");
         assert_eq!(config.db.table.columns, Columns::default());
         assert_eq!(config.batch_size, 500);
+        assert_eq!(config.inflight_batches, 1);
         assert!(config.publisher_confirms);
         assert_eq!(config.routing_key, RoutingKey::Type);
         assert_eq!(config.db.relay_name, "outbox_messages");
@@ -663,6 +683,10 @@ mod tests {
             (Box::new(|a| a.batch_size = Some(0)), "batch-size"),
             (Box::new(|a| a.batch_size = Some(-5)), "batch-size"),
             (Box::new(|a| a.workers = Some(100_000)), "workers"),
+            (
+                Box::new(|a| a.inflight_batches = Some(-1)),
+                "inflight-batches",
+            ),
             (Box::new(|a| a.table.mode = Some("archive".into())), "mode"),
             (
                 Box::new(|a| a.amqp_url = Some("http://x".into())),
@@ -722,6 +746,7 @@ mod tests {
             "routing_key",
             "batch_size",
             "workers",
+            "inflight_batches",
             "publisher_confirms",
             "mandatory",
             "publish_timeout",

@@ -10,6 +10,8 @@ use prometheus::{
 #[derive(Debug, Clone, Copy)]
 pub enum Stage {
     Claim,
+    /// Waiting for a publish slot (`--inflight-batches`) with the claimed rows in hand.
+    Slot,
     Publish,
     Confirm,
     Mark,
@@ -20,6 +22,7 @@ impl Stage {
     fn label(self) -> &'static str {
         match self {
             Stage::Claim => "claim",
+            Stage::Slot => "slot",
             Stage::Publish => "publish",
             Stage::Confirm => "confirm",
             Stage::Mark => "mark",

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use sqlx::Connection;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -132,6 +132,8 @@ pub async fn run(
             max_attempts: config.max_attempts,
             has_attempts_column: config.db.table.columns.attempts.is_some(),
             dead_letter_exchange: config.dead_letter_exchange.is_some(),
+            publish_slots: (config.inflight_batches > 0)
+                .then(|| Arc::new(Semaphore::new(config.inflight_batches))),
         },
         poll_interval: config.poll_interval,
         metrics: metrics.clone(),

@@ -65,6 +65,7 @@ fn full_spec() -> OutboxRelaySpec {
     r.image_pull_policy = ImagePullPolicy::Always;
     r.batch_size = 1234;
     r.workers_per_pod = 7;
+    r.inflight_batches = 3;
     r.delivery_mode = DeliveryMode::Delete;
     r.max_attempts = 9;
     r.publish_timeout = "3s".into();
@@ -145,6 +146,7 @@ fn every_spec_field_lands_in_the_deployment() {
         ("routing-key", "sales.static"),
         ("batch-size", "1234"),
         ("workers", "7"),
+        ("inflight-batches", "3"),
         ("publisher-confirms", "false"),
         ("mandatory", "true"),
         ("publish-timeout", "3s"),

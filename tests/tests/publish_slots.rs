@@ -1,0 +1,137 @@
+//! `--inflight-batches`: workers that share publish slots never have more batches at the real
+//! broker than there are slots, and every row is still relayed once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lapin::ExchangeKind;
+use outbox_relay::batch::{BatchSettings, run_batch};
+use outbox_relay::config::{ExchangeType, RoutingKey};
+use outbox_relay::metrics::Metrics;
+use outbox_relay::publisher::{
+    AmqpPublisher, AmqpSettings, BatchOutcome, Message, Publisher, Target,
+};
+use outbox_relay::secret_url::{SecretUrl, UrlKind};
+use outbox_relay::sql::Statements;
+use outbox_tests::{broker, db, unique};
+use tokio::sync::{Barrier, Semaphore};
+
+const ROWS: u64 = 400;
+const BATCH: usize = 50;
+
+/// The real publisher, counting how many batches are at the broker at once. The pause keeps a
+/// batch there long enough that two unrestricted workers surely overlap.
+struct Counting {
+    inner: AmqpPublisher,
+    at_broker: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Publisher for Counting {
+    async fn publish_batch(&mut self, target: Target, messages: &[Message<'_>]) -> BatchOutcome {
+        let now = self.at_broker.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let outcome = self.inner.publish_batch(target, messages).await;
+        self.at_broker.fetch_sub(1, Ordering::SeqCst);
+        outcome
+    }
+
+    fn is_connected(&self) -> bool {
+        self.inner.is_connected()
+    }
+}
+
+/// Relays a fresh table with two workers; returns the most batches seen at the broker at once.
+async fn most_batches_at_the_broker(slots: Option<usize>) -> usize {
+    let name = unique("slots");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, ROWS).await;
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let statements = Arc::new(Statements::new(
+        &table,
+        outbox_relay::inspect::PayloadKind::Json,
+    ));
+    let settings = Arc::new(BatchSettings {
+        batch_size: BATCH,
+        routing_key: RoutingKey::Type,
+        max_attempts: 5,
+        has_attempts_column: false,
+        dead_letter_exchange: false,
+        publish_slots: slots.map(|n| Arc::new(Semaphore::new(n))),
+    });
+    let at_broker = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(2));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (statements, settings) = (statements.clone(), settings.clone());
+            let (at_broker, most, start) = (at_broker.clone(), most.clone(), start.clone());
+            let exchange = name.clone();
+            tokio::spawn(async move {
+                let mut conn = db::connect().await;
+                let url = SecretUrl::parse(&outbox_tests::amqp_url(), UrlKind::Amqp).unwrap();
+                let inner = AmqpPublisher::connect(
+                    &url,
+                    AmqpSettings {
+                        exchange,
+                        dead_letter_exchange: None,
+                        confirms: true,
+                        mandatory: false,
+                        timeout: Duration::from_secs(10),
+                        content_type: "application/json".into(),
+                        connection_name: "publish-slots test".into(),
+                        declare_exchange: Some(ExchangeType::Fanout),
+                    },
+                )
+                .await
+                .expect("connect to RabbitMQ");
+                let mut publisher = Counting {
+                    inner,
+                    at_broker,
+                    most,
+                };
+                let metrics = Metrics::default();
+                start.wait().await;
+                loop {
+                    let report = run_batch(
+                        &mut conn,
+                        &mut publisher,
+                        &statements,
+                        &settings,
+                        &metrics,
+                        None,
+                    )
+                    .await
+                    .expect("batch");
+                    if report.claimed == 0 {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    assert_eq!(db::pending(&mut conn, &table).await, 0, "every row relayed");
+    assert_eq!(
+        consumer.wait_for(ROWS, Duration::from_secs(10)).await,
+        ROWS,
+        "every row reached the queue"
+    );
+    assert!(consumer.duplicates().is_empty());
+    consumer.close().await;
+    most.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn one_slot_keeps_one_batch_at_the_broker() {
+    assert_eq!(most_batches_at_the_broker(Some(1)).await, 1);
+}
+
+#[tokio::test]
+async fn without_slots_both_workers_publish_at_once() {
+    assert_eq!(most_batches_at_the_broker(None).await, 2);
+}
