@@ -117,18 +117,19 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "| workload | claim | publish | confirm | mark | commit | batches |"
+                "| workload | claim | slot | publish | confirm | mark | commit | batches |"
             );
-            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
             for w in &self.throughput {
                 let s = &w.relay_defaults.median_run.stages;
                 let ms = |k: &str| s.get(k).map_or("–".into(), |t| format!("{:.2}", t.mean_ms));
                 let batches = s.get("publish").map_or(0, |t| t.count);
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {batches} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {batches} |",
                     w.workload_name(),
                     ms("claim"),
+                    ms("slot"),
                     ms("publish"),
                     ms("confirm"),
                     ms("mark"),

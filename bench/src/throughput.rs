@@ -186,48 +186,44 @@ async fn relay_runs(
     Ok(measured)
 }
 
-async fn ceiling_runs(
+async fn ceiling_run(
     env: &Env,
     names: &RunNames,
     workload: Workload,
     payloads: Arc<Vec<Vec<u8>>>,
     connections: usize,
+    round: usize,
     options: &ThroughputOptions,
-) -> anyhow::Result<Vec<Measurement>> {
-    let mut measured = Vec::new();
-    for run in 0..options.runs {
-        let what = format!("{}.ceiling{connections}.{}", workload.name(), next_run());
-        let destination = Destination::declare(
-            &env.amqp_url,
-            names.exchange(&what),
-            workload.has_consumer().then(|| names.queue(&what)),
-        )
-        .await?;
-        let consumer = match destination.queue {
-            Some(_) => Some(ConsumerProcess::start(env, &destination, None).await?),
-            None => None,
-        };
-        let result = ceiling::run(
-            &env.amqp_url,
-            &destination.exchange,
-            payloads.clone(),
-            connections,
-            options.window,
-        )
-        .await;
-        if let Some(consumer) = consumer {
-            consumer.kill().await;
-        }
-        destination.delete(&env.amqp_url).await?;
-        let m = result?;
-        eprintln!(
-            "  ceiling {connections} connection(s) run {}: {:.0} msg/s",
-            run + 1,
-            m.rate
-        );
-        measured.push(m);
+) -> anyhow::Result<Measurement> {
+    let what = format!("{}.ceiling{connections}.{}", workload.name(), next_run());
+    let destination = Destination::declare(
+        &env.amqp_url,
+        names.exchange(&what),
+        workload.has_consumer().then(|| names.queue(&what)),
+    )
+    .await?;
+    let consumer = match destination.queue {
+        Some(_) => Some(ConsumerProcess::start(env, &destination, None).await?),
+        None => None,
+    };
+    let result = ceiling::run(
+        &env.amqp_url,
+        &destination.exchange,
+        payloads,
+        connections,
+        options.window,
+    )
+    .await;
+    if let Some(consumer) = consumer {
+        consumer.kill().await;
     }
-    Ok(measured)
+    destination.delete(&env.amqp_url).await?;
+    let m = result?;
+    eprintln!(
+        "  ceiling {connections} connection(s) run {round}: {:.0} msg/s",
+        m.rate
+    );
+    Ok(m)
 }
 
 async fn naive_runs(
@@ -281,18 +277,6 @@ pub async fn run_workload(
     let payloads = Arc::new(sample_payloads(&env.database_url, workload, 1000).await?);
     let payload_bytes = payloads.iter().map(Vec::len).sum::<usize>() / payloads.len().max(1);
 
-    let mut ceiling_by_connections = Vec::new();
-    for &connections in &options.connections {
-        let runs =
-            ceiling_runs(env, names, workload, payloads.clone(), connections, options).await?;
-        ceiling_by_connections.push(Contender::of(format!("ceiling, {connections} conn"), runs));
-    }
-    let ceiling = ceiling_by_connections
-        .iter()
-        .max_by(|a, b| a.rate.median.total_cmp(&b.rate.median))
-        .cloned()
-        .expect("at least one connection count");
-
     let mut table = Table {
         fixture: None,
         name: names.table(workload.name()),
@@ -309,11 +293,28 @@ pub async fn run_workload(
         Until::Window(options.window)
     };
     let outcome = async {
+        // Rounds: each runs every ceiling connection count once and the relay at its defaults
+        // once, so whatever drifts over a long run (the broker's message store, WAL, other
+        // load on the machine) weighs on both sides of the ratio alike.
         let defaults = RelaySettings::defaults();
-        let relay_defaults = Contender::of(
-            "relay, defaults".into(),
-            relay_runs(env, names, &mut table, &defaults, options.runs, until).await?,
-        );
+        let mut ceiling_runs = vec![Vec::new(); options.connections.len()];
+        let mut default_runs = Vec::new();
+        for round in 1..=options.runs {
+            for (runs, &connections) in ceiling_runs.iter_mut().zip(&options.connections) {
+                let payloads = payloads.clone();
+                runs.push(
+                    ceiling_run(env, names, workload, payloads, connections, round, options)
+                        .await?,
+                );
+            }
+            default_runs.extend(relay_runs(env, names, &mut table, &defaults, 1, until).await?);
+        }
+        let ceiling_by_connections: Vec<Contender> = ceiling_runs
+            .into_iter()
+            .zip(&options.connections)
+            .map(|(runs, connections)| Contender::of(format!("ceiling, {connections} conn"), runs))
+            .collect();
+        let relay_defaults = Contender::of("relay, defaults".into(), default_runs);
         let mut sweep = vec![(defaults.label.clone(), relay_defaults.rate.median)];
         let mut best = (defaults.clone(), relay_defaults.rate.median);
         for settings in &options.sweep {
@@ -339,11 +340,22 @@ pub async fn run_workload(
             "naive".into(),
             naive_runs(env, names, &mut table, options).await?,
         );
-        anyhow::Ok((relay_defaults, sweep, relay_best, naive))
+        anyhow::Ok((
+            ceiling_by_connections,
+            relay_defaults,
+            sweep,
+            relay_best,
+            naive,
+        ))
     }
     .await;
     table.drop_table().await?;
-    let (relay_defaults, sweep, relay_best, naive) = outcome?;
+    let (ceiling_by_connections, relay_defaults, sweep, relay_best, naive) = outcome?;
+    let ceiling = ceiling_by_connections
+        .iter()
+        .max_by(|a, b| a.rate.median.total_cmp(&b.rate.median))
+        .cloned()
+        .expect("at least one connection count");
 
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     Ok(WorkloadResult {
