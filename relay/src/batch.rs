@@ -77,10 +77,10 @@ pub struct BatchReport {
 pub const FULL_CLAIM_EVERY: Duration = Duration::from_secs(1);
 
 /// Where a worker's next claim may start. After a full batch the next claim seeks to the last
-/// claimed row's claim position instead of walking the processed rows' dead index entries from the head of the
-/// pending index (they stay until vacuum and make every claim slower as they pile up). Rows
-/// older than that position are never assumed done: a full claim runs at least every
-/// [`FULL_CLAIM_EVERY`], after any short batch and after any failure.
+/// claimed row's claim position instead of walking the processed rows' dead index entries from
+/// the head of the pending index (they stay until vacuum and make every claim slower as they
+/// pile up). Rows older than that position are never assumed done: a full claim runs at least
+/// every [`FULL_CLAIM_EVERY`], after any short batch and after any failure.
 #[derive(Debug, Default)]
 pub struct ClaimCursor {
     last_claimed: Option<DateTime<Utc>>,
@@ -124,6 +124,7 @@ pub enum BatchError {
     DatabaseTimeout(Duration),
 }
 
+/// Awaits `future`, observing how long it took as `stage`.
 async fn timed_wait<T>(metrics: &Metrics, stage: Stage, future: impl Future<Output = T>) -> T {
     let started = Instant::now();
     let output = future.await;
@@ -133,18 +134,19 @@ async fn timed_wait<T>(metrics: &Metrics, stage: Stage, future: impl Future<Outp
     output
 }
 
+/// Runs a database step under [`DATABASE_TIMEOUT`], observing its time as `stage`.
 async fn timed<T>(
     metrics: &Metrics,
     stage: Stage,
     future: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, BatchError> {
-    let started = Instant::now();
-    let result = tokio::time::timeout(DATABASE_TIMEOUT, future)
-        .await
-        .map_err(|_| BatchError::DatabaseTimeout(DATABASE_TIMEOUT))?;
-    metrics
-        .stage(stage)
-        .observe(started.elapsed().as_secs_f64());
+    let result = timed_wait(
+        metrics,
+        stage,
+        tokio::time::timeout(DATABASE_TIMEOUT, future),
+    )
+    .await
+    .map_err(|_| BatchError::DatabaseTimeout(DATABASE_TIMEOUT))?;
     Ok(result?)
 }
 
