@@ -69,51 +69,8 @@ pub struct BatchReport {
     /// The claim position (occurred-at) of the batch's last row, for the next claim to seek
     /// from; None when that row has no occurred-at.
     pub last_claimed: Option<DateTime<Utc>>,
-}
-
-/// How often a worker runs the full claim even while seeking from its last batch works: the
-/// full claim is what picks up rows committed late with an older claim position, rows another
-/// worker released (rollback, outage) and rows left pending for a retry.
-pub const FULL_CLAIM_EVERY: Duration = Duration::from_secs(1);
-
-/// Where a worker's next claim may start. After a full batch the next claim seeks to the last
-/// claimed row's claim position instead of walking the processed rows' dead index entries from
-/// the head of the pending index (they stay until vacuum and make every claim slower as they
-/// pile up). Rows older than that position are never assumed done: a full claim runs at least
-/// every [`FULL_CLAIM_EVERY`], after any short batch and after any failure.
-#[derive(Debug, Default)]
-pub struct ClaimCursor {
-    last_claimed: Option<DateTime<Utc>>,
-    last_full_claim: Option<Instant>,
-}
-
-impl ClaimCursor {
-    /// The claim position to seek from, or None for a full claim (which is then recorded as
-    /// done).
-    pub fn next_bound(&mut self) -> Option<DateTime<Utc>> {
-        let full_due = self
-            .last_full_claim
-            .is_none_or(|at| at.elapsed() >= FULL_CLAIM_EVERY);
-        if full_due || self.last_claimed.is_none() {
-            self.last_full_claim = Some(Instant::now());
-            return None;
-        }
-        self.last_claimed
-    }
-
-    /// Seeks on only while batches come back full; a short batch means the head is near, and
-    /// the next claim is a full one.
-    pub fn advance(&mut self, report: &BatchReport, batch_size: usize) {
-        self.last_claimed = if report.claimed >= batch_size && report.broker_broken.is_none() {
-            report.last_claimed
-        } else {
-            None
-        };
-    }
-
-    pub fn reset(&mut self) {
-        self.last_claimed = None;
-    }
+    /// How long the claim statement took.
+    pub claim_time: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -261,7 +218,7 @@ fn after_rejection(row: &ClaimedRow, detail: String, settings: &BatchSettings) -
 }
 
 /// Runs one batch, claiming from `seek_from`'s claim position when given (see
-/// [`ClaimCursor`]). Returns how many rows it claimed (0 means nothing for us there).
+/// [`crate::claim_cursor::ClaimCursor`]). Returns how many rows it claimed (0 means nothing for us there).
 pub async fn run_batch<P: Publisher>(
     conn: &mut PgConnection,
     publisher: &mut P,
@@ -279,11 +236,16 @@ pub async fn run_batch<P: Publisher>(
             .bind(settings.batch_size as i64)
             .bind(position),
     };
+    let claim_started = Instant::now();
     let rows = timed(metrics, Stage::Claim, claim.fetch_all(&mut *tx)).await?;
+    let claim_time = claim_started.elapsed();
     metrics.batch_size.observe(rows.len() as f64);
     if rows.is_empty() {
         timed(metrics, Stage::Commit, tx.commit()).await?;
-        return Ok(BatchReport::default());
+        return Ok(BatchReport {
+            claim_time,
+            ..BatchReport::default()
+        });
     }
     let rows = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
 
@@ -362,6 +324,7 @@ pub async fn run_batch<P: Publisher>(
         claimed: rows.len(),
         broker_broken: broken,
         last_claimed: rows.last().and_then(|row| row.occurred_at),
+        claim_time,
         ..report
     })
 }
@@ -551,46 +514,6 @@ mod tests {
                 .unwrap_err()
                 .contains("type column is NULL")
         );
-    }
-
-    #[test]
-    fn cursor_seeks_only_after_full_batches_and_claims_fully_every_second() {
-        let mut cursor = ClaimCursor::default();
-        assert_eq!(cursor.next_bound(), None, "the first claim is a full one");
-        let last = DateTime::<Utc>::from_timestamp(1_700_000_000, 0).unwrap();
-        let full = BatchReport {
-            claimed: 10,
-            last_claimed: Some(last),
-            ..Default::default()
-        };
-        cursor.advance(&full, 10);
-        assert_eq!(cursor.next_bound(), Some(last));
-        let short = BatchReport {
-            claimed: 3,
-            last_claimed: Some(last),
-            ..Default::default()
-        };
-        cursor.advance(&short, 10);
-        assert_eq!(
-            cursor.next_bound(),
-            None,
-            "a short batch means a full claim next"
-        );
-        cursor.advance(&full, 10);
-        cursor.reset();
-        assert_eq!(
-            cursor.next_bound(),
-            None,
-            "a failure means a full claim next"
-        );
-        cursor.advance(&full, 10);
-        cursor.last_full_claim = Some(Instant::now() - FULL_CLAIM_EVERY);
-        assert_eq!(
-            cursor.next_bound(),
-            None,
-            "a full claim at least every second"
-        );
-        assert_eq!(cursor.next_bound(), Some(last));
     }
 
     #[test]

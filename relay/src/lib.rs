@@ -5,6 +5,7 @@
 
 pub mod backoff;
 pub mod batch;
+pub mod claim_cursor;
 pub mod config;
 pub mod consume;
 pub mod database;

@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
-use crate::batch::{BatchError, BatchSettings, ClaimCursor, run_batch};
+use crate::batch::{BatchError, BatchSettings, run_batch};
+use crate::claim_cursor::ClaimCursor;
 use crate::metrics::Metrics;
 use crate::publisher::{AmqpPublisher, AmqpSettings, Publisher};
 use crate::secret_url::SecretUrl;
@@ -140,9 +141,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
                     }
                     broker_flag.set(false);
                     pause(&ctx.shutdown, broker_backoff.next_delay()).await;
-                } else if report.claimed == 0 && seek_from.is_none() {
-                    // Only an empty full claim means the table has nothing; an empty seek
-                    // falls back to a full claim right away.
+                } else if report.claimed == 0 && cursor.idle_after_empty_claim() {
                     idle(&ctx, &mut wake, seen_wake).await;
                 }
             }

@@ -85,16 +85,7 @@ async fn seek_starts_at_the_last_claimed_position(column_type: &str) {
 
     // A row committed late with an older claim position: the seek passes it by (the regular
     // full claim is what picks it up), which shows the bound holds though its row is gone.
-    let late = Uuid::new_v4();
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {} (id, type, content, {}) VALUES ($1, 'late', '{{}}', '2026-03-01 09:00:00')",
-        table.name.quoted(),
-        table.columns.occurred_at.quoted()
-    )))
-    .bind(late)
-    .execute(&mut conn)
-    .await
-    .expect("insert the late row");
+    let late = insert_row_at(&mut conn, &table, "'2026-03-01 09:00:00'").await;
 
     // Only rows at or after the bound, and the round trip of the bound is exact (the first row
     // after it is not skipped).
@@ -142,4 +133,74 @@ async fn seek_claim_on_a_timestamptz_column() {
 #[tokio::test]
 async fn seek_claim_on_a_timestamp_column_in_a_zone_with_an_offset() {
     seek_starts_at_the_last_claimed_position("timestamp").await;
+}
+
+/// Inserts one pending row at the claim position the SQL expression `occurred` gives.
+async fn insert_row_at(conn: &mut PgConnection, table: &OutboxTable, occurred: &str) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (id, type, content, {}) VALUES ($1, 'late', '{{}}', {occurred})",
+        table.name.quoted(),
+        table.columns.occurred_at.quoted()
+    )))
+    .bind(id)
+    .execute(&mut *conn)
+    .await
+    .expect("insert a row");
+    id
+}
+
+/// A claim position older than every seeded row's.
+const A_DAY_AGO: &str = "now() - interval '1 day'";
+
+/// A running relay whose worker seeks from its last batch still relays rows committed late
+/// with an older claim position: one while it drains a backlog in full batches, one after it
+/// went idle at the head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeking_relay_still_relays_rows_committed_late() {
+    use lapin::ExchangeKind;
+    use outbox_tests::{broker, process};
+    use std::time::Duration;
+
+    let name = unique("late");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 20_000).await;
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let mut relay = process::spawn_relay(
+        &name,
+        &process::run_args(&name, &name, &["--workers", "1", "--batch-size", "20"]),
+    );
+
+    // Mid-drain: wait until the worker is seeking through the backlog.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while db::pending(&mut conn, &table).await > 19_000 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relay did not start; log:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let late_while_busy = insert_row_at(&mut conn, &table, A_DAY_AGO).await;
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(120)).await,
+        "rows still pending; relay log:\n{}",
+        relay.log_text()
+    );
+
+    // Idle at the head: a late row arrives after the last batch.
+    let late_while_idle = insert_row_at(&mut conn, &table, A_DAY_AGO).await;
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(30)).await,
+        "the late row stayed pending; relay log:\n{}",
+        relay.log_text()
+    );
+    assert_eq!(
+        consumer.wait_for(20_002, Duration::from_secs(30)).await,
+        20_002
+    );
+    assert!(consumer.has(&late_while_busy) && consumer.has(&late_while_idle));
+    assert!(consumer.duplicates().is_empty());
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    consumer.close().await;
 }
