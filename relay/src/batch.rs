@@ -258,29 +258,20 @@ pub async fn run_batch<P: Publisher>(
         .iter()
         .filter_map(|p| p.as_ref().ok().cloned())
         .collect();
-    // Holding the claimed rows' locks while waiting is cheap; another worker's batch at the
-    // broker finishes faster alone (a queue confirms one batch at a time most efficiently).
-    let slot = match &settings.publish_slots {
-        Some(slots) => Some(
-            timed_wait(metrics, Stage::Slot, slots.acquire())
-                .await
-                .expect("the slots are never closed"),
-        ),
-        None => None,
-    };
-    let started = Instant::now();
     let BatchOutcome {
         deliveries,
         mut broken,
-        publish_time,
-    } = publisher.publish_batch(Target::Main, &messages).await;
-    drop(slot);
-    metrics
-        .stage(Stage::Publish)
-        .observe(publish_time.as_secs_f64());
-    metrics
-        .stage(Stage::Confirm)
-        .observe(started.elapsed().saturating_sub(publish_time).as_secs_f64());
+        ..
+    } = if messages.is_empty() {
+        // Every row is malformed: nothing goes to the broker, so no slot is taken either.
+        BatchOutcome {
+            deliveries: Vec::new(),
+            broken: None,
+            publish_time: Duration::ZERO,
+        }
+    } else {
+        publish_in_slot(publisher, &messages, settings, metrics).await
+    };
 
     let mut outcomes = Vec::with_capacity(rows.len());
     let mut delivered = deliveries.into_iter();
@@ -327,6 +318,39 @@ pub async fn run_batch<P: Publisher>(
         claim_time,
         ..report
     })
+}
+
+/// Publishes a batch to the main exchange once a publish slot is free, observing the slot
+/// wait, publish and confirm stages. Holding the claimed rows' locks while waiting is cheap;
+/// another worker's batch at the broker finishes faster alone (a queue confirms one batch at a
+/// time most efficiently).
+async fn publish_in_slot<P: Publisher>(
+    publisher: &mut P,
+    messages: &[Message<'_>],
+    settings: &BatchSettings,
+    metrics: &Metrics,
+) -> BatchOutcome {
+    let slot = match &settings.publish_slots {
+        Some(slots) => Some(
+            timed_wait(metrics, Stage::Slot, slots.acquire())
+                .await
+                .expect("the slots are never closed"),
+        ),
+        None => None,
+    };
+    let started = Instant::now();
+    let outcome = publisher.publish_batch(Target::Main, messages).await;
+    drop(slot);
+    metrics
+        .stage(Stage::Publish)
+        .observe(outcome.publish_time.as_secs_f64());
+    metrics.stage(Stage::Confirm).observe(
+        started
+            .elapsed()
+            .saturating_sub(outcome.publish_time)
+            .as_secs_f64(),
+    );
+    outcome
 }
 
 /// Publishes dead letters to the dead-letter exchange with their error in a header. A dead

@@ -43,6 +43,36 @@ impl Publisher for Counting {
     }
 }
 
+async fn connect_publisher(exchange: String) -> AmqpPublisher {
+    let url = SecretUrl::parse(&outbox_tests::amqp_url(), UrlKind::Amqp).unwrap();
+    AmqpPublisher::connect(
+        &url,
+        AmqpSettings {
+            exchange,
+            dead_letter_exchange: None,
+            confirms: true,
+            mandatory: false,
+            timeout: Duration::from_secs(10),
+            content_type: "application/json".into(),
+            connection_name: "publish-slots test".into(),
+            declare_exchange: Some(ExchangeType::Fanout),
+        },
+    )
+    .await
+    .expect("connect to RabbitMQ")
+}
+
+fn settings(publish_slots: Option<Arc<Semaphore>>) -> BatchSettings {
+    BatchSettings {
+        batch_size: BATCH,
+        routing_key: RoutingKey::Type,
+        max_attempts: 5,
+        has_attempts_column: false,
+        dead_letter_exchange: false,
+        publish_slots,
+    }
+}
+
 /// Relays a fresh table with two workers; returns the most batches seen at the broker at once.
 async fn most_batches_at_the_broker(slots: Option<usize>) -> usize {
     let name = unique("slots");
@@ -53,14 +83,7 @@ async fn most_batches_at_the_broker(slots: Option<usize>) -> usize {
         &table,
         outbox_relay::inspect::PayloadKind::Json,
     ));
-    let settings = Arc::new(BatchSettings {
-        batch_size: BATCH,
-        routing_key: RoutingKey::Type,
-        max_attempts: 5,
-        has_attempts_column: false,
-        dead_letter_exchange: false,
-        publish_slots: slots.map(|n| Arc::new(Semaphore::new(n))),
-    });
+    let settings = Arc::new(settings(slots.map(|n| Arc::new(Semaphore::new(n)))));
     let at_broker = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(Barrier::new(2));
@@ -71,24 +94,8 @@ async fn most_batches_at_the_broker(slots: Option<usize>) -> usize {
             let exchange = name.clone();
             tokio::spawn(async move {
                 let mut conn = db::connect().await;
-                let url = SecretUrl::parse(&outbox_tests::amqp_url(), UrlKind::Amqp).unwrap();
-                let inner = AmqpPublisher::connect(
-                    &url,
-                    AmqpSettings {
-                        exchange,
-                        dead_letter_exchange: None,
-                        confirms: true,
-                        mandatory: false,
-                        timeout: Duration::from_secs(10),
-                        content_type: "application/json".into(),
-                        connection_name: "publish-slots test".into(),
-                        declare_exchange: Some(ExchangeType::Fanout),
-                    },
-                )
-                .await
-                .expect("connect to RabbitMQ");
                 let mut publisher = Counting {
-                    inner,
+                    inner: connect_publisher(exchange).await,
                     at_broker,
                     most,
                 };
@@ -134,4 +141,49 @@ async fn one_slot_keeps_one_batch_at_the_broker() {
 #[tokio::test]
 async fn without_slots_both_workers_publish_at_once() {
     assert_eq!(most_batches_at_the_broker(None).await, 2);
+}
+
+/// A batch whose rows are all malformed sends nothing to the broker, so it settles its dead
+/// letters without waiting for a slot another worker holds.
+#[tokio::test]
+async fn a_batch_of_malformed_rows_takes_no_slot() {
+    let name = unique("slots_bad");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 5).await;
+    db::exec(
+        &mut conn,
+        &format!(
+            "UPDATE {} SET {} = NULL",
+            table.name.quoted(),
+            table.columns.payload.quoted()
+        ),
+    )
+    .await;
+    let statements = Statements::new(&table, outbox_relay::inspect::PayloadKind::Json);
+    let slots = Arc::new(Semaphore::new(1));
+    let _held_by_another_worker = slots.clone().acquire_owned().await.unwrap();
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut publisher = Counting {
+        inner: connect_publisher(name.clone()).await,
+        at_broker: Arc::new(AtomicUsize::new(0)),
+        most: most.clone(),
+    };
+    let mut worker_conn = db::connect().await;
+    let report = tokio::time::timeout(
+        Duration::from_secs(10),
+        run_batch(
+            &mut worker_conn,
+            &mut publisher,
+            &statements,
+            &settings(Some(slots)),
+            &Metrics::default(),
+            None,
+        ),
+    )
+    .await
+    .expect("the batch waited for a publish slot it does not need")
+    .expect("batch");
+    assert_eq!((report.claimed, report.dead_lettered), (5, 5));
+    assert_eq!(most.load(Ordering::SeqCst), 0, "nothing went to the broker");
+    assert_eq!(db::pending(&mut conn, &table).await, 0);
 }
