@@ -218,7 +218,8 @@ fn after_rejection(row: &ClaimedRow, detail: String, settings: &BatchSettings) -
 }
 
 /// Runs one batch, claiming from `seek_from`'s claim position when given (see
-/// [`crate::claim_cursor::ClaimCursor`]). Returns how many rows it claimed (0 means nothing for us there).
+/// [`crate::claim_cursor::ClaimCursor`]). Returns how many rows it claimed (0 means nothing for
+/// us there).
 pub async fn run_batch<P: Publisher>(
     conn: &mut PgConnection,
     publisher: &mut P,
