@@ -1,6 +1,7 @@
 //! A TCP proxy that can stall: it forwards bytes both ways until told to stop forwarding, then
 //! holds every connection open without moving a byte until resumed — the network stall a
-//! relay must survive without losing or double-marking rows.
+//! relay must survive without losing or double-marking rows. It can also stall only the
+//! replies, so what a client sends still arrives while nothing it waits for comes back.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,16 +13,26 @@ use tokio::sync::watch;
 
 #[derive(Clone)]
 pub struct StallSwitch {
-    stalled: Arc<watch::Sender<bool>>,
+    /// Client to upstream.
+    requests: Arc<watch::Sender<bool>>,
+    /// Upstream to client.
+    replies: Arc<watch::Sender<bool>>,
 }
 
 impl StallSwitch {
     pub fn stall(&self) {
-        self.stalled.send_replace(true);
+        self.requests.send_replace(true);
+        self.replies.send_replace(true);
+    }
+
+    /// Holds back only what the upstream sends (for a broker: confirms and heartbeats).
+    pub fn stall_replies(&self) {
+        self.replies.send_replace(true);
     }
 
     pub fn resume(&self) {
-        self.stalled.send_replace(false);
+        self.requests.send_replace(false);
+        self.replies.send_replace(false);
     }
 
     /// Stalls for `duration`, then resumes.
@@ -36,13 +47,16 @@ impl StallSwitch {
 pub async fn start(upstream: SocketAddr) -> std::io::Result<(SocketAddr, StallSwitch)> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let (tx, rx) = watch::channel(false);
+    let (requests, requests_stalled) = watch::channel(false);
+    let (replies, replies_stalled) = watch::channel(false);
     let switch = StallSwitch {
-        stalled: Arc::new(tx),
+        requests: Arc::new(requests),
+        replies: Arc::new(replies),
     };
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
-            let rx = rx.clone();
+            let (requests_stalled, replies_stalled) =
+                (requests_stalled.clone(), replies_stalled.clone());
             tokio::spawn(async move {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     return;
@@ -52,8 +66,8 @@ pub async fn start(upstream: SocketAddr) -> std::io::Result<(SocketAddr, StallSw
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
                 tokio::join!(
-                    pump(client_read, server_write, rx.clone()),
-                    pump(server_read, client_write, rx)
+                    pump(client_read, server_write, requests_stalled),
+                    pump(server_read, client_write, replies_stalled)
                 );
             });
         }
@@ -124,5 +138,47 @@ mod tests {
             .expect("resumed proxy forwards")
             .unwrap();
         assert_eq!(&reply, b"yo");
+    }
+
+    #[tokio::test]
+    async fn stalling_replies_lets_requests_through() {
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream_addr = upstream.local_addr().unwrap();
+        let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let (mut s, _) = upstream.accept().await.unwrap();
+            let mut b = [0u8; 16];
+            while let Ok(n) = s.read(&mut b).await {
+                if n == 0 {
+                    break;
+                }
+                arrived.send(b[..n].to_vec()).unwrap();
+                if s.write_all(&b[..n]).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let (addr, switch) = start(upstream_addr).await.unwrap();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+
+        switch.stall_replies();
+        client.write_all(b"go").await.unwrap();
+        let request = tokio::time::timeout(Duration::from_secs(2), arrivals.recv())
+            .await
+            .expect("the request crosses while only replies are stalled");
+        assert_eq!(request.as_deref(), Some(&b"go"[..]));
+        let mut reply = [0u8; 2];
+        let blocked =
+            tokio::time::timeout(Duration::from_millis(300), client.read_exact(&mut reply)).await;
+        assert!(
+            blocked.is_err(),
+            "a reply crossed while replies were stalled"
+        );
+        switch.resume();
+        tokio::time::timeout(Duration::from_secs(2), client.read_exact(&mut reply))
+            .await
+            .expect("resumed proxy forwards the reply")
+            .unwrap();
+        assert_eq!(&reply, b"go");
     }
 }

@@ -1,5 +1,6 @@
 //! `--inflight-batches`: workers that share publish slots never have more batches at the real
-//! broker than there are slots, and every row is still relayed once.
+//! broker than there are slots, and every row is still relayed once — in the batch protocol
+//! and in a running relay process.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +15,7 @@ use outbox_relay::publisher::{
 };
 use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::sql::Statements;
-use outbox_tests::{broker, db, unique};
+use outbox_tests::{broker, db, http, process, proxy, unique};
 use tokio::sync::{Barrier, Semaphore};
 
 const ROWS: u64 = 400;
@@ -186,4 +187,91 @@ async fn a_batch_of_malformed_rows_takes_no_slot() {
     assert_eq!((report.claimed, report.dead_lettered), (5, 5));
     assert_eq!(most.load(Ordering::SeqCst), 0, "nothing went to the broker");
     assert_eq!(db::pending(&mut conn, &table).await, 0);
+}
+
+/// Rows and batch size of the process-level test.
+const PROCESS_ROWS: u64 = 400;
+const PROCESS_BATCH: u64 = 50;
+
+/// Starts a relay process with `workers` workers and the `extra` flags, talking to RabbitMQ
+/// through a proxy, holds back the broker's replies once every worker is connected, and
+/// inserts rows. Returns how many messages reached the queue while no confirm could come back:
+/// the batches the relay put at the broker at once, times the batch size. Then lets the
+/// confirms through and checks that every row is relayed once.
+async fn messages_at_the_broker_without_confirms(workers: &str, extra: &[&str]) -> u64 {
+    let name = unique("slots_proc");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 0).await;
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let (proxy_addr, switch) = proxy::start("127.0.0.1:5672".parse().unwrap())
+        .await
+        .expect("start the proxy");
+    let amqp_url = format!("amqp://guest:guest@{proxy_addr}/%2f");
+    let (table_name, batch) = (table.name.to_string(), PROCESS_BATCH.to_string());
+    let mut flags = vec!["--workers", workers, "--batch-size", &batch];
+    flags.extend_from_slice(&["--amqp-url", &amqp_url]);
+    flags.extend_from_slice(extra);
+    let mut relay = process::spawn_relay(&name, &process::run_args(&table_name, &name, &flags));
+
+    // The gauge counts connected workers: all of them must be up before the replies stop.
+    let connected = format!("outbox_relay_broker_connected {workers}");
+    let all_connected = process::eventually(Duration::from_secs(20), || {
+        let (log, connected) = (relay.log_text(), connected.clone());
+        async move {
+            match http::metrics_addr(&log) {
+                Some(addr) => http::get(&addr, "/metrics").await.1.contains(&connected),
+                None => false,
+            }
+        }
+    })
+    .await;
+    assert!(
+        all_connected,
+        "workers did not connect:\n{}",
+        relay.log_text()
+    );
+
+    switch.stall_replies();
+    // One COPY, so every row is visible at once and each worker claims a full batch.
+    outbox_relay::seed::copy_rows(&mut conn, &table, PROCESS_ROWS, 50, |_| {})
+        .await
+        .expect("insert rows");
+    // Every worker claims within a poll interval; what no slot lets out never arrives.
+    let at_broker = consumer
+        .wait_for(PROCESS_ROWS, Duration::from_secs(3))
+        .await;
+
+    switch.resume();
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(30)).await,
+        "rows left pending:\n{}",
+        relay.log_text()
+    );
+    assert_eq!(
+        consumer
+            .wait_for(PROCESS_ROWS, Duration::from_secs(10))
+            .await,
+        PROCESS_ROWS
+    );
+    assert!(consumer.duplicates().is_empty());
+    assert_eq!(relay.terminate(Duration::from_secs(20)).await, Some(0));
+    consumer.close().await;
+    at_broker
+}
+
+#[tokio::test]
+async fn a_running_relay_keeps_at_most_its_inflight_batches_at_the_broker() {
+    let (by_default, with_two_slots) = tokio::join!(
+        messages_at_the_broker_without_confirms("2", &[]),
+        messages_at_the_broker_without_confirms("3", &["--inflight-batches", "2"]),
+    );
+    assert_eq!(
+        by_default, PROCESS_BATCH,
+        "by default one batch is at the broker while the other worker waits"
+    );
+    assert_eq!(
+        with_two_slots,
+        2 * PROCESS_BATCH,
+        "--inflight-batches 2: two of the three workers' batches are at the broker"
+    );
 }
