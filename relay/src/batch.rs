@@ -91,20 +91,21 @@ async fn timed_wait<T>(metrics: &Metrics, stage: Stage, future: impl Future<Outp
     output
 }
 
+/// Runs a database step under [`DATABASE_TIMEOUT`].
+async fn bounded<T>(future: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, BatchError> {
+    let result = tokio::time::timeout(DATABASE_TIMEOUT, future)
+        .await
+        .map_err(|_| BatchError::DatabaseTimeout(DATABASE_TIMEOUT))?;
+    Ok(result?)
+}
+
 /// Runs a database step under [`DATABASE_TIMEOUT`], observing its time as `stage`.
 async fn timed<T>(
     metrics: &Metrics,
     stage: Stage,
     future: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, BatchError> {
-    let result = timed_wait(
-        metrics,
-        stage,
-        tokio::time::timeout(DATABASE_TIMEOUT, future),
-    )
-    .await
-    .map_err(|_| BatchError::DatabaseTimeout(DATABASE_TIMEOUT))?;
-    Ok(result?)
+    timed_wait(metrics, stage, bounded(future)).await
 }
 
 /// Raw bytes of a text-like column, so bytes that are not UTF-8 (possible in a SQL_ASCII
@@ -237,9 +238,14 @@ pub async fn run_batch<P: Publisher>(
             .bind(settings.batch_size as i64)
             .bind(position),
     };
+    // Timed by hand: the claim cursor needs the duration as well as the histogram.
     let claim_started = Instant::now();
-    let rows = timed(metrics, Stage::Claim, claim.fetch_all(&mut *tx)).await?;
+    let rows = bounded(claim.fetch_all(&mut *tx)).await;
     let claim_time = claim_started.elapsed();
+    metrics
+        .stage(Stage::Claim)
+        .observe(claim_time.as_secs_f64());
+    let rows = rows?;
     metrics.batch_size.observe(rows.len() as f64);
     if rows.is_empty() {
         timed(metrics, Stage::Commit, tx.commit()).await?;
