@@ -269,16 +269,7 @@ pub async fn run_batch<P: Publisher>(
         deliveries,
         mut broken,
         ..
-    } = if messages.is_empty() {
-        // Every row is malformed: nothing goes to the broker, so no slot is taken either.
-        BatchOutcome {
-            deliveries: Vec::new(),
-            broken: None,
-            publish_time: Duration::ZERO,
-        }
-    } else {
-        publish_in_slot(publisher, &messages, settings, metrics).await
-    };
+    } = publish_in_slot(publisher, &messages, settings, metrics).await;
 
     let mut outcomes = Vec::with_capacity(rows.len());
     let mut delivered = deliveries.into_iter();
@@ -330,13 +321,20 @@ pub async fn run_batch<P: Publisher>(
 /// Publishes a batch to the main exchange once a publish slot is free, observing the slot
 /// wait, publish and confirm stages. Holding the claimed rows' locks while waiting is cheap;
 /// another worker's batch at the broker finishes faster alone (a queue confirms one batch at a
-/// time most efficiently).
+/// time most efficiently). With nothing to publish (every row malformed) no slot is taken.
 async fn publish_in_slot<P: Publisher>(
     publisher: &mut P,
     messages: &[Message<'_>],
     settings: &BatchSettings,
     metrics: &Metrics,
 ) -> BatchOutcome {
+    if messages.is_empty() {
+        return BatchOutcome {
+            deliveries: Vec::new(),
+            broken: None,
+            publish_time: Duration::ZERO,
+        };
+    }
     let slot = match &settings.publish_slots {
         Some(slots) => Some(
             timed_wait(metrics, Stage::Slot, slots.acquire())

@@ -75,6 +75,22 @@ pub async fn start(upstream: SocketAddr) -> std::io::Result<(SocketAddr, StallSw
     Ok((addr, switch))
 }
 
+/// Starts a proxy in front of the server `url` names (with an explicit port); returns the same
+/// URL pointing at the proxy, credentials and path kept.
+pub async fn start_for_url(url: &str) -> std::io::Result<(String, StallSwitch)> {
+    let mut url = url::Url::parse(url).map_err(std::io::Error::other)?;
+    let upstream = url
+        .socket_addrs(|| None)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| std::io::Error::other("the URL names no address"))?;
+    let (addr, switch) = start(upstream).await?;
+    url.set_ip_host(addr.ip())
+        .and_then(|()| url.set_port(Some(addr.port())))
+        .map_err(|()| std::io::Error::other("the URL cannot take the proxy's address"))?;
+    Ok((url.to_string(), switch))
+}
+
 /// Copies one direction, pausing while the switch says "stalled".
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,

@@ -203,13 +203,18 @@ async fn messages_at_the_broker_without_confirms(workers: &str, extra: &[&str]) 
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 0).await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
-    let (proxy_addr, switch) = proxy::start("127.0.0.1:5672".parse().unwrap())
+    let (amqp_url, switch) = proxy::start_for_url(&outbox_tests::amqp_url())
         .await
         .expect("start the proxy");
-    let amqp_url = format!("amqp://guest:guest@{proxy_addr}/%2f");
     let (table_name, batch) = (table.name.to_string(), PROCESS_BATCH.to_string());
-    let mut flags = vec!["--workers", workers, "--batch-size", &batch];
-    flags.extend_from_slice(&["--amqp-url", &amqp_url]);
+    let mut flags = vec![
+        "--workers",
+        workers,
+        "--batch-size",
+        &batch,
+        "--amqp-url",
+        &amqp_url,
+    ];
     flags.extend_from_slice(extra);
     let mut relay = process::spawn_relay(&name, &process::run_args(&table_name, &name, &flags));
 
