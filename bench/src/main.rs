@@ -36,6 +36,11 @@ use crate::sustained::SustainedOptions;
 use crate::throughput::{RelaySettings, ThroughputOptions};
 use crate::workload::Workload;
 
+// The same allocator as the relay, so the in-process ceiling publisher is as efficient as the
+// relay's and the ratio compares the table protocol, not two allocators.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "outbox-bench",

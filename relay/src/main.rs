@@ -18,6 +18,12 @@ use outbox_relay::{consume, relay, seed};
 use sqlx::{Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 
+// glibc's malloc took about a quarter of the relay's CPU at full speed (perf, realistic
+// workload): every batch allocates and frees hundreds of payload buffers, frames and futures
+// across threads. See docs/benchmarks.md, item 8.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "outbox-relay",
