@@ -81,14 +81,22 @@ pub enum BatchError {
     DatabaseTimeout(Duration),
 }
 
-/// Awaits `future`, observing how long it took as `stage`.
-async fn timed_wait<T>(metrics: &Metrics, stage: Stage, future: impl Future<Output = T>) -> T {
+/// Awaits `future`, observing how long it took as `stage`; returns the output and that time.
+async fn observed<T>(
+    metrics: &Metrics,
+    stage: Stage,
+    future: impl Future<Output = T>,
+) -> (T, Duration) {
     let started = Instant::now();
     let output = future.await;
-    metrics
-        .stage(stage)
-        .observe(started.elapsed().as_secs_f64());
-    output
+    let elapsed = started.elapsed();
+    metrics.stage(stage).observe(elapsed.as_secs_f64());
+    (output, elapsed)
+}
+
+/// Awaits `future`, observing how long it took as `stage`.
+async fn timed_wait<T>(metrics: &Metrics, stage: Stage, future: impl Future<Output = T>) -> T {
+    observed(metrics, stage, future).await.0
 }
 
 /// Runs a database step under [`DATABASE_TIMEOUT`].
@@ -238,13 +246,9 @@ pub async fn run_batch<P: Publisher>(
             .bind(settings.batch_size as i64)
             .bind(position),
     };
-    // Timed by hand: the claim cursor needs the duration as well as the histogram.
-    let claim_started = Instant::now();
-    let rows = bounded(claim.fetch_all(&mut *tx)).await;
-    let claim_time = claim_started.elapsed();
-    metrics
-        .stage(Stage::Claim)
-        .observe(claim_time.as_secs_f64());
+    // The claim cursor schedules full claims by their cost, so it gets the time too.
+    let (rows, claim_time) =
+        observed(metrics, Stage::Claim, bounded(claim.fetch_all(&mut *tx))).await;
     let rows = rows?;
     metrics.batch_size.observe(rows.len() as f64);
     if rows.is_empty() {

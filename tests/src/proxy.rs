@@ -120,22 +120,53 @@ async fn pump(
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn forwards_and_stalls() {
+    /// An echo server; every chunk it receives is also reported on the returned channel.
+    async fn echo_server() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let echo_addr = echo.local_addr().unwrap();
+        let addr = echo.local_addr().unwrap();
+        let (arrived, arrivals) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok((mut s, _)) = echo.accept().await {
+                let arrived = arrived.clone();
                 tokio::spawn(async move {
                     let mut b = [0u8; 16];
                     while let Ok(n) = s.read(&mut b).await {
-                        if n == 0 || s.write_all(&b[..n]).await.is_err() {
+                        if n == 0 {
+                            break;
+                        }
+                        let _ = arrived.send(b[..n].to_vec());
+                        if s.write_all(&b[..n]).await.is_err() {
                             break;
                         }
                     }
                 });
             }
         });
+        (addr, arrivals)
+    }
+
+    /// Checks that the echo of `expected` does not reach `client` while the proxy is stalled,
+    /// and does once `switch` resumes it.
+    async fn assert_held_until_resumed(
+        client: &mut TcpStream,
+        switch: &StallSwitch,
+        expected: &[u8],
+    ) {
+        let mut reply = vec![0u8; expected.len()];
+        let blocked =
+            tokio::time::timeout(Duration::from_millis(300), client.read_exact(&mut reply)).await;
+        assert!(blocked.is_err(), "bytes crossed a stalled proxy");
+        switch.resume();
+        tokio::time::timeout(Duration::from_secs(2), client.read_exact(&mut reply))
+            .await
+            .expect("resumed proxy forwards")
+            .unwrap();
+        assert_eq!(reply, expected);
+    }
+
+    #[tokio::test]
+    async fn forwards_and_stalls() {
+        let (echo_addr, _arrivals) = echo_server().await;
         let (addr, switch) = start(echo_addr).await.unwrap();
         let mut client = TcpStream::connect(addr).await.unwrap();
         client.write_all(b"hi").await.unwrap();
@@ -145,36 +176,13 @@ mod tests {
 
         switch.stall();
         client.write_all(b"yo").await.unwrap();
-        let blocked =
-            tokio::time::timeout(Duration::from_millis(300), client.read_exact(&mut reply)).await;
-        assert!(blocked.is_err(), "bytes crossed a stalled proxy");
-        switch.resume();
-        tokio::time::timeout(Duration::from_secs(2), client.read_exact(&mut reply))
-            .await
-            .expect("resumed proxy forwards")
-            .unwrap();
-        assert_eq!(&reply, b"yo");
+        assert_held_until_resumed(&mut client, &switch, b"yo").await;
     }
 
     #[tokio::test]
     async fn stalling_replies_lets_requests_through() {
-        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let upstream_addr = upstream.local_addr().unwrap();
-        let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let (mut s, _) = upstream.accept().await.unwrap();
-            let mut b = [0u8; 16];
-            while let Ok(n) = s.read(&mut b).await {
-                if n == 0 {
-                    break;
-                }
-                arrived.send(b[..n].to_vec()).unwrap();
-                if s.write_all(&b[..n]).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let (addr, switch) = start(upstream_addr).await.unwrap();
+        let (echo_addr, mut arrivals) = echo_server().await;
+        let (addr, switch) = start(echo_addr).await.unwrap();
         let mut client = TcpStream::connect(addr).await.unwrap();
 
         switch.stall_replies();
@@ -183,18 +191,6 @@ mod tests {
             .await
             .expect("the request crosses while only replies are stalled");
         assert_eq!(request.as_deref(), Some(&b"go"[..]));
-        let mut reply = [0u8; 2];
-        let blocked =
-            tokio::time::timeout(Duration::from_millis(300), client.read_exact(&mut reply)).await;
-        assert!(
-            blocked.is_err(),
-            "a reply crossed while replies were stalled"
-        );
-        switch.resume();
-        tokio::time::timeout(Duration::from_secs(2), client.read_exact(&mut reply))
-            .await
-            .expect("resumed proxy forwards the reply")
-            .unwrap();
-        assert_eq!(&reply, b"go");
+        assert_held_until_resumed(&mut client, &switch, b"go").await;
     }
 }
