@@ -179,26 +179,34 @@ async fn main() -> ExitCode {
 }
 
 /// Cancels the token on SIGTERM or SIGINT.
-fn on_signal(token: CancellationToken) {
+///
+/// The listeners are registered here, synchronously, and not inside the spawned task: until
+/// they exist a SIGTERM takes its default action and kills the process with no exit code, so a
+/// pod stopped while it starts up would look like a crash. Call it before any other work.
+fn on_signal(token: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing a SIGTERM handler");
         tokio::select! {
             _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = interrupt.recv() => {}
         }
         token.cancel();
     });
+    Ok(())
 }
 
 async fn run(args: RunArgs) -> ExitCode {
+    let shutdown = CancellationToken::new();
+    if let Err(e) = on_signal(shutdown.clone()) {
+        return failure(format!("cannot listen for SIGTERM: {e}"));
+    }
     let config = match args.resolve() {
         Ok(config) => config,
         Err(e) => return usage_error(e),
     };
     init_logs(config.log_format);
-    let shutdown = CancellationToken::new();
-    on_signal(shutdown.clone());
     match relay::run(config, Metrics::new(), shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_user_error() => usage_error(e),

@@ -80,6 +80,8 @@ struct Run {
     password: String,
     dir: PathBuf,
     relays: Vec<Child>,
+    /// How many times each relay has been started (its log is appended to across restarts).
+    spawns: Vec<usize>,
     started: Instant,
 }
 
@@ -88,7 +90,11 @@ impl Run {
         self.dir.join(format!("{}-relay-{index}.log", self.name))
     }
 
-    fn spawn_relay(&self, index: usize) -> Child {
+    fn spawn_relay(&mut self, index: usize) -> Child {
+        if self.spawns.len() <= index {
+            self.spawns.resize(index + 1, 0);
+        }
+        self.spawns[index] += 1;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -132,6 +138,17 @@ impl Run {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn outbox-relay")
+    }
+
+    /// Waits until relay `index` logged that its latest start finished, so it is running its
+    /// own SIGTERM handling. A signal that lands while the process is still being exec'd takes
+    /// the default action and kills it, which says nothing about the relay's shutdown.
+    async fn wait_started(&self, index: usize, limit: Duration) -> bool {
+        process::eventually(limit, || async {
+            let log = std::fs::read_to_string(self.relay_log(index)).unwrap_or_default();
+            log.matches(": relaying").count() >= self.spawns[index]
+        })
+        .await
     }
 
     fn ids_file(&self) -> PathBuf {
@@ -309,6 +326,7 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         password,
         dir,
         relays: Vec::new(),
+        spawns: Vec::new(),
         started: Instant::now(),
     };
 
@@ -359,7 +377,11 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         eprintln!("chaos: rows still pending after the drain timeout");
     }
     let mut exit_codes = Vec::new();
-    for child in &mut run.relays {
+    for index in 0..run.relays.len() {
+        if !run.wait_started(index, Duration::from_secs(60)).await {
+            eprintln!("chaos: relay {index} never logged that it started");
+        }
+        let child = &mut run.relays[index];
         signal(child, libc::SIGTERM);
         exit_codes.push(
             tokio::time::timeout(Duration::from_secs(60), child.wait())
