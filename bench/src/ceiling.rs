@@ -12,7 +12,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 use outbox_relay::seed::ARTICLE_TYPE;
 use uuid::Uuid;
 
-use crate::measure::{Measurement, sample};
+use crate::measure::{Measurement, sample_in_process};
 
 /// Messages per pipelined batch, the relay's default batch size.
 const BATCH: usize = 500;
@@ -85,17 +85,7 @@ pub async fn run(
             ))
         })
         .collect();
-    let counter = published.clone();
-    let measured = sample(
-        || {
-            let n = counter.load(Ordering::Relaxed);
-            async move { Some(n) }
-        },
-        std::process::id(),
-        window,
-        None,
-    )
-    .await;
+    let measured = sample_in_process(&published, window, None).await;
     stop.store(true, Ordering::Relaxed);
     for result in join_all(publishers).await {
         result??;

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -38,6 +39,25 @@ pub struct Measurement {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub stages: BTreeMap<String, StageTime>,
     pub series: Vec<Sample>,
+}
+
+/// Samples a counter kept in this process (the ceiling's and the naive loop's), with this
+/// process as the CPU subject.
+pub async fn sample_in_process(
+    counter: &AtomicU64,
+    window: Duration,
+    total: Option<u64>,
+) -> anyhow::Result<Measurement> {
+    sample(
+        || {
+            let n = counter.load(Ordering::Relaxed);
+            async move { Some(n) }
+        },
+        std::process::id(),
+        window,
+        total,
+    )
+    .await
 }
 
 /// Runs the sampling loop. `read` returns the running count (None when it cannot be read

@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Connection as _, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::fixture::Fixture;
-use crate::measure::{Measurement, sample};
+use crate::measure::{Measurement, sample_in_process};
 
 /// The article's batch size.
 const BATCH: i64 = 1000;
@@ -95,17 +95,7 @@ pub async fn run(
         processed.clone(),
         stop.clone(),
     ));
-    let counter = processed.clone();
-    let measured = sample(
-        || {
-            let n = counter.load(Ordering::Relaxed);
-            async move { Some(n) }
-        },
-        std::process::id(),
-        window,
-        Some(pending),
-    )
-    .await;
+    let measured = sample_in_process(&processed, window, Some(pending)).await;
     stop.store(true, Ordering::Relaxed);
     worker.await??;
     measured

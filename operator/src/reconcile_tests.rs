@@ -59,8 +59,21 @@ fn condition(status: &OutboxRelayStatus, type_: &str) -> (String, String) {
     (c.status.clone(), c.reason.clone())
 }
 
-fn pair(status: &str, reason: &str) -> (String, String) {
-    (status.to_string(), reason.to_string())
+/// Asserts each `(type, status, reason)`, reporting every mismatch at once.
+fn assert_conditions(status: &OutboxRelayStatus, expected: &[(&str, &str, &str)]) {
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter_map(|&(type_, want_status, want_reason)| {
+            let got = condition(status, type_);
+            (got != (want_status.to_string(), want_reason.to_string())).then(|| {
+                format!(
+                    "{type_}: want {want_status}/{want_reason}, got {}/{}",
+                    got.0, got.1
+                )
+            })
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}\nin {status:?}", wrong.join("; "));
 }
 
 /// No request body ever carries a Secret value.
@@ -158,12 +171,14 @@ async fn new_relay_is_migrated_deployed_and_reported() {
         assert_eq!(body["kind"], "OutboxRelay");
         let status = sent_status(body);
         assert_eq!(status.observed_generation, Some(1));
-        assert_eq!(
-            condition(&status, INDEX_READY),
-            pair("True", "IndexCreated")
+        assert_conditions(
+            &status,
+            &[
+                (INDEX_READY, "True", "IndexCreated"),
+                (READY, "False", "Progressing"),
+                (DEGRADED, "False", "AsExpected"),
+            ],
         );
-        assert_eq!(condition(&status, READY), pair("False", "Progressing"));
-        assert_eq!(condition(&status, DEGRADED), pair("False", "AsExpected"));
         assert_eq!(status.desired_replicas, Some(1));
         assert_eq!(
             status.selector.as_deref(),
@@ -234,9 +249,9 @@ fn settled_relay(table: &str, generation: i64) -> (OutboxRelay, Value, String) {
 async fn unchanged_relay_causes_no_writes() {
     let table = create_outbox_table().await;
     let (relay, live, fingerprint) = settled_relay(&table, 1);
-    assert_eq!(
-        condition(relay.status.as_ref().unwrap(), READY),
-        pair("True", "Available")
+    assert_conditions(
+        relay.status.as_ref().unwrap(),
+        &[(READY, "True", "Available")],
     );
     let (ctx, handle) = mock_context(Settings::default());
     ctx.migrations.remember(MigrationKey {
@@ -303,13 +318,12 @@ async fn a_deployment_the_api_server_refuses_is_reported() {
     }));
     script.push(patch_status(|body| {
         let status = sent_status(body);
-        assert_eq!(
-            condition(&status, READY),
-            pair("False", "DeploymentRejected")
-        );
-        assert_eq!(
-            condition(&status, DEGRADED),
-            pair("True", "DeploymentRejected")
+        assert_conditions(
+            &status,
+            &[
+                (READY, "False", "DeploymentRejected"),
+                (DEGRADED, "True", "DeploymentRejected"),
+            ],
         );
         let ready = conditions::find(&status.conditions, READY).unwrap();
         assert!(ready.message.contains("bad label!"), "{}", ready.message);
@@ -333,8 +347,13 @@ async fn missing_secret_is_reported_without_a_deployment() {
         ),
         patch_status(|body| {
             let status = sent_status(body);
-            assert_eq!(condition(&status, READY), pair("False", "SecretNotFound"));
-            assert_eq!(condition(&status, DEGRADED), pair("True", "SecretNotFound"));
+            assert_conditions(
+                &status,
+                &[
+                    (READY, "False", "SecretNotFound"),
+                    (DEGRADED, "True", "SecretNotFound"),
+                ],
+            );
             let ready = conditions::find(&status.conditions, READY).unwrap();
             assert!(ready.message.contains("orders-db"), "{}", ready.message);
             assert_eq!(status.observed_generation, Some(1));
@@ -403,8 +422,13 @@ async fn spec_change_updates_the_deployment_and_advances_observed_generation() {
     script.push(patch_status(|body| {
         let status = sent_status(body);
         assert_eq!(status.observed_generation, Some(2));
-        assert_eq!(condition(&status, INDEX_READY), pair("True", "IndexValid"));
-        assert_eq!(condition(&status, READY), pair("True", "Available"));
+        assert_conditions(
+            &status,
+            &[
+                (INDEX_READY, "True", "IndexValid"),
+                (READY, "True", "Available"),
+            ],
+        );
         let ready = conditions::find(&status.conditions, READY).unwrap();
         assert_eq!(ready.observed_generation, Some(2));
     }));
@@ -472,10 +496,7 @@ async fn invalid_index_is_rebuilt_and_reported() {
     script.push(Step::event(NS, "DeploymentCreated"));
     script.push(patch_status(|body| {
         let status = sent_status(body);
-        assert_eq!(
-            condition(&status, INDEX_READY),
-            pair("True", "InvalidIndexRebuilt")
-        );
+        assert_conditions(&status, &[(INDEX_READY, "True", "InvalidIndexRebuilt")]);
     }));
     let server = serve(handle, script);
 
@@ -502,17 +523,13 @@ async fn unreachable_database_degrades_the_relay() {
         Step::get(format!("{SECRETS}/orders-amqp"), Reply::ok(amqp_secret())),
         patch_status(|body| {
             let status = sent_status(body);
-            assert_eq!(
-                condition(&status, DEGRADED),
-                pair("True", "DatabaseUnreachable")
-            );
-            assert_eq!(
-                condition(&status, READY),
-                pair("False", "DatabaseUnreachable")
-            );
-            assert_eq!(
-                condition(&status, INDEX_READY),
-                pair("False", "DatabaseUnreachable")
+            assert_conditions(
+                &status,
+                &[
+                    (DEGRADED, "True", "DatabaseUnreachable"),
+                    (READY, "False", "DatabaseUnreachable"),
+                    (INDEX_READY, "False", "DatabaseUnreachable"),
+                ],
             );
             let degraded = conditions::find(&status.conditions, DEGRADED).unwrap();
             assert!(
@@ -562,11 +579,13 @@ async fn busy_migration_lock_does_not_block_the_reconcile() {
     script.push(Step::event(NS, "DeploymentCreated"));
     script.push(patch_status(|body| {
         let status = sent_status(body);
-        assert_eq!(
-            condition(&status, INDEX_READY),
-            pair("Unknown", "MigrationInProgress")
+        assert_conditions(
+            &status,
+            &[
+                (INDEX_READY, "Unknown", "MigrationInProgress"),
+                (READY, "False", "MigrationPending"),
+            ],
         );
-        assert_eq!(condition(&status, READY), pair("False", "MigrationPending"));
     }));
     let server = serve(handle, script);
 
@@ -619,7 +638,7 @@ async fn secret_problems_name_the_secret_but_never_its_value() {
             Step::get(format!("{SECRETS}/orders-amqp"), Reply::ok(amqp_secret())),
             patch_status(move |body| {
                 let status = sent_status(body);
-                assert_eq!(condition(&status, READY), pair("False", reason));
+                assert_conditions(&status, &[(READY, "False", reason)]);
                 let ready = conditions::find(&status.conditions, READY).unwrap();
                 assert!(ready.message.contains("orders-db"), "{}", ready.message);
             }),
@@ -641,13 +660,12 @@ async fn a_missing_table_fails_the_migration_with_the_spec_field() {
     let mut script = secret_steps();
     script.push(patch_status(|body| {
         let status = sent_status(body);
-        assert_eq!(
-            condition(&status, INDEX_READY),
-            pair("False", "MigrationFailed")
-        );
-        assert_eq!(
-            condition(&status, DEGRADED),
-            pair("True", "MigrationFailed")
+        assert_conditions(
+            &status,
+            &[
+                (INDEX_READY, "False", "MigrationFailed"),
+                (DEGRADED, "True", "MigrationFailed"),
+            ],
         );
         let degraded = conditions::find(&status.conditions, DEGRADED).unwrap();
         assert!(
@@ -778,13 +796,12 @@ async fn reported_backlog_scales_up_within_the_rate_policy_with_an_event() {
         assert_eq!(status.backlog, Some(9_000));
         assert_eq!(status.publish_rate, Some(200.0));
         assert!(status.last_scale_time.is_some());
-        assert_eq!(
-            condition(&status, "ScalingActive"),
-            pair("True", "ValidBacklog")
-        );
-        assert_eq!(
-            condition(&status, "ScalingLimited"),
-            pair("True", "ScaleUpLimit")
+        assert_conditions(
+            &status,
+            &[
+                ("ScalingActive", "True", "ValidBacklog"),
+                ("ScalingLimited", "True", "ScaleUpLimit"),
+            ],
         );
     }));
     let server = serve(handle, script);
@@ -839,13 +856,12 @@ async fn stale_reports_run_the_fallback_never_zero() {
     script.push(patch_status(|body| {
         let status = sent_status(body);
         assert_eq!(status.desired_replicas, Some(2));
-        assert_eq!(
-            condition(&status, "ScalingActive"),
-            pair("False", "StaleReports")
-        );
-        assert_eq!(
-            condition(&status, "ScalingLimited"),
-            pair("True", "StaleReports")
+        assert_conditions(
+            &status,
+            &[
+                ("ScalingActive", "False", "StaleReports"),
+                ("ScalingLimited", "True", "StaleReports"),
+            ],
         );
     }));
     let server = serve(handle, script);
@@ -990,8 +1006,13 @@ async fn bad_input_becomes_a_condition_naming_the_field_and_writes_nothing() {
             Step::get(format!("{SECRETS}/orders-amqp"), Reply::ok(amqp_secret())),
             patch_status(move |body| {
                 let status = sent_status(body);
-                assert_eq!(condition(&status, READY), pair("False", expected_reason));
-                assert_eq!(condition(&status, DEGRADED), pair("True", expected_reason));
+                assert_conditions(
+                    &status,
+                    &[
+                        (READY, "False", expected_reason),
+                        (DEGRADED, "True", expected_reason),
+                    ],
+                );
                 let ready = conditions::find(&status.conditions, READY).unwrap();
                 assert!(
                     ready.message.contains(&expected_field),

@@ -7,8 +7,21 @@ use lapin::ExchangeKind;
 use outbox_tests::{broker, db, process, unique};
 use rand::Rng;
 
-async fn drained(url: &str, table: &str) -> bool {
-    process::eventually(Duration::from_secs(60), || {
+/// Relays `table` (in the database at `url`) to `exchange` with a fast poll until nothing is pending, waits for
+/// `expected` messages at the consumer and stops the relay, which must exit cleanly.
+/// `extra` are further `run` arguments.
+async fn relay_until_drained(
+    url: &str,
+    table: &str,
+    exchange: &str,
+    extra: &[&str],
+    consumer: &broker::Consumer,
+    expected: u64,
+) {
+    let mut with_url = vec!["--database-url", url];
+    with_url.extend_from_slice(extra);
+    let mut relay = process::spawn_relay(exchange, &process::run_args(table, exchange, &with_url));
+    let drained = process::eventually(Duration::from_secs(60), || {
         let sql = format!("SELECT count(*) FROM {table} WHERE processed_on_utc IS NULL");
         async move {
             let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
@@ -17,7 +30,13 @@ async fn drained(url: &str, table: &str) -> bool {
             db::scalar_i64(&mut conn, &sql).await == 0
         }
     })
-    .await
+    .await;
+    assert!(drained, "{}", relay.log_text());
+    assert_eq!(
+        consumer.wait_for(expected, Duration::from_secs(30)).await,
+        expected
+    );
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,27 +67,15 @@ async fn empty_huge_and_non_utf8_binary_payloads_are_relayed_byte_for_byte() {
         .unwrap();
     }
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
-    let mut relay = process::spawn_relay(
+    relay_until_drained(
+        &outbox_tests::database_url(),
         &name,
-        &[
-            "run",
-            "--table",
-            &name,
-            "--exchange",
-            &name,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--poll-interval",
-            "50ms",
-        ],
-    );
-    assert!(
-        drained(&outbox_tests::database_url(), &name).await,
-        "{}",
-        relay.log_text()
-    );
-    assert_eq!(consumer.wait_for(4, Duration::from_secs(30)).await, 4);
-    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+        &name,
+        &[],
+        &consumer,
+        4,
+    )
+    .await;
     let errors = db::scalar_i64(
         &mut conn,
         &format!("SELECT count(*) FROM {name} WHERE error IS NOT NULL"),
@@ -98,29 +105,15 @@ async fn json_null_is_relayed_and_array_headers_are_dead_lettered() {
     )
     .await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
-    let mut relay = process::spawn_relay(
+    relay_until_drained(
+        &outbox_tests::database_url(),
         &name,
-        &[
-            "run",
-            "--table",
-            &name,
-            "--exchange",
-            &name,
-            "--headers-column",
-            "headers",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--poll-interval",
-            "50ms",
-        ],
-    );
-    assert!(
-        drained(&outbox_tests::database_url(), &name).await,
-        "{}",
-        relay.log_text()
-    );
-    assert_eq!(consumer.wait_for(3, Duration::from_secs(30)).await, 3);
-    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+        &name,
+        &["--headers-column", "headers"],
+        &consumer,
+        3,
+    )
+    .await;
     let dead: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT error FROM {name} WHERE type = 'b'"
     )))
@@ -166,25 +159,7 @@ async fn invalid_utf8_in_a_text_payload_is_relayed_and_a_bad_type_is_dead_letter
     .await;
     let exchange = unique("ascii_x");
     let consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
-    let mut relay = process::spawn_relay(
-        &database,
-        &[
-            "run",
-            "--database-url",
-            &url,
-            "--table",
-            "outbox",
-            "--exchange",
-            &exchange,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--poll-interval",
-            "50ms",
-        ],
-    );
-    assert!(drained(&url, "outbox").await, "{}", relay.log_text());
-    assert_eq!(consumer.wait_for(2, Duration::from_secs(30)).await, 2);
-    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    relay_until_drained(&url, "outbox", &exchange, &[], &consumer, 2).await;
     let errors: Vec<String> =
         sqlx::query_scalar("SELECT error FROM outbox WHERE error IS NOT NULL")
             .fetch_all(&mut conn)
