@@ -82,9 +82,23 @@ pub async fn all_ids(conn: &mut PgConnection, table: &OutboxTable) -> Vec<uuid::
 
 /// Waits until no row of `table` is pending; false when `timeout` passed first.
 pub async fn wait_until_drained(table: &OutboxTable, timeout: std::time::Duration) -> bool {
+    wait_until_drained_in(&crate::database_url(), table, timeout).await
+}
+
+/// [`wait_until_drained`] for a table in another database than the tests' own.
+pub async fn wait_until_drained_in(
+    database_url: &str,
+    table: &OutboxTable,
+    timeout: std::time::Duration,
+) -> bool {
     crate::process::eventually(timeout, || {
         let table = table.clone();
-        async move { pending(&mut connect().await, &table).await == 0 }
+        async move {
+            let mut conn = PgConnection::connect(database_url)
+                .await
+                .unwrap_or_else(|e| panic!("connect to {database_url}: {e}"));
+            pending(&mut conn, &table).await == 0
+        }
     })
     .await
 }

@@ -7,9 +7,9 @@ use lapin::ExchangeKind;
 use outbox_tests::{broker, db, process, unique};
 use rand::Rng;
 
-/// Relays `table` (in the database at `url`) to `exchange` with a fast poll until nothing is pending, waits for
-/// `expected` messages at the consumer and stops the relay, which must exit cleanly.
-/// `extra` are further `run` arguments.
+/// Relays `table` (in the database at `url`) to `exchange` with a fast poll until nothing is
+/// pending, waits for `expected` messages at the consumer and stops the relay, which must exit
+/// cleanly. `extra` are further `run` arguments.
 async fn relay_until_drained(
     url: &str,
     table: &str,
@@ -21,16 +21,7 @@ async fn relay_until_drained(
     let mut with_url = vec!["--database-url", url];
     with_url.extend_from_slice(extra);
     let mut relay = process::spawn_relay(exchange, &process::run_args(table, exchange, &with_url));
-    let drained = process::eventually(Duration::from_secs(60), || {
-        let sql = format!("SELECT count(*) FROM {table} WHERE processed_on_utc IS NULL");
-        async move {
-            let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(url)
-                .await
-                .unwrap();
-            db::scalar_i64(&mut conn, &sql).await == 0
-        }
-    })
-    .await;
+    let drained = db::wait_until_drained_in(url, &db::table(table), Duration::from_secs(60)).await;
     assert!(drained, "{}", relay.log_text());
     assert_eq!(
         consumer.wait_for(expected, Duration::from_secs(30)).await,

@@ -91,9 +91,6 @@ impl Run {
     }
 
     fn spawn_relay(&mut self, index: usize) -> Child {
-        if self.spawns.len() <= index {
-            self.spawns.resize(index + 1, 0);
-        }
         self.spawns[index] += 1;
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -326,7 +323,7 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         password,
         dir,
         relays: Vec::new(),
-        spawns: Vec::new(),
+        spawns: vec![0; relays],
         started: Instant::now(),
     };
 
