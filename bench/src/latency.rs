@@ -3,7 +3,7 @@
 //! consumer receive, per message id. The table carries the NOTIFY trigger, so idle relay
 //! workers wake on commit instead of at the next poll.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ use crate::fixture::Fixture;
 use crate::names::{RunNames, next_run};
 use crate::procstat::{CpuSeconds, CpuSnapshot, peak_rss_mib};
 use crate::relay_process::RelayProcess;
+use crate::scrape::{self, StageTime};
 use crate::stats::percentile;
 use crate::workload::Workload;
 
@@ -43,6 +44,8 @@ pub struct LatencyResult {
     pub max_ms: f64,
     pub relay_cpu: CpuSeconds,
     pub relay_peak_rss_mib: Option<f64>,
+    /// The relay's batch stages over the run: where a row's latency goes.
+    pub stages: BTreeMap<String, StageTime>,
 }
 
 type Stamps = Arc<Mutex<HashMap<Uuid, Instant>>>;
@@ -194,6 +197,7 @@ async fn measure(
     }
     let relay_cpu = cpu_before.until(&CpuSnapshot::take(relay.pid()));
     let relay_peak_rss_mib = peak_rss_mib(relay.pid());
+    let stages = scrape::stages(&relay.metrics().await.unwrap_or_default());
     relay.stop().await?;
     consumer.abort();
 
@@ -222,5 +226,6 @@ async fn measure(
         max_ms: latencies.last().copied().unwrap_or_default(),
         relay_cpu,
         relay_peak_rss_mib,
+        stages,
     })
 }

@@ -5,6 +5,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::latency::LatencyResult;
+
+/// The batch stages in the order a batch goes through them.
+const STAGES: [&str; 6] = ["claim", "slot", "publish", "confirm", "mark", "commit"];
 use crate::sustained::SustainedRun;
 use crate::throughput::{Contender, WorkloadResult};
 
@@ -179,6 +182,22 @@ impl Report {
                 l.relay_peak_rss_mib
                     .map_or("–".into(), |r| format!("{r:.1}"))
             );
+            let _ = writeln!(
+                out,
+                "\nBatch stages over the run, mean / p99 (ms, p99 from the histogram buckets):\n"
+            );
+            let _ = writeln!(out, "| stage | batches | mean | p99 |");
+            let _ = writeln!(out, "|---|---:|---:|---:|");
+            for stage in STAGES {
+                let Some(time) = l.stages.get(stage) else {
+                    continue;
+                };
+                let _ = writeln!(
+                    out,
+                    "| {stage} | {} | {:.2} | {:.1} |",
+                    time.count, time.mean_ms, time.p99_ms
+                );
+            }
         }
         out
     }

@@ -10,6 +10,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
+use crate::claim_cursor::{ClaimStart, RECENT_WINDOW};
 use crate::config::{AMQP_SHORT_STRING_MAX, RoutingKey};
 use crate::metrics::{FailureReason, Metrics, Stage};
 use crate::publisher::{BatchOutcome, Delivery, Message, Publisher, Target, headers_from_json};
@@ -66,6 +67,9 @@ pub struct BatchReport {
     pub untouched: usize,
     /// Set when the broker connection must be replaced before the next batch.
     pub broker_broken: Option<String>,
+    /// The claim position (occurred-at) of the batch's first row, where nothing before it was
+    /// pending for this worker; None when that row has no occurred-at.
+    pub first_claimed: Option<DateTime<Utc>>,
     /// The claim position (occurred-at) of the batch's last row, for the next claim to seek
     /// from; None when that row has no occurred-at.
     pub last_claimed: Option<DateTime<Utc>>,
@@ -226,24 +230,28 @@ fn after_rejection(row: &ClaimedRow, detail: String, settings: &BatchSettings) -
     }
 }
 
-/// Runs one batch, claiming from `seek_from`'s claim position when given (see
-/// [`crate::claim_cursor::ClaimCursor`]). Returns how many rows it claimed (0 means nothing for
-/// us there).
+/// Runs one batch, claiming from `start` (see [`crate::claim_cursor::ClaimCursor`]). Returns
+/// how many rows it claimed (0 means nothing for us there).
 pub async fn run_batch<P: Publisher>(
     conn: &mut PgConnection,
     publisher: &mut P,
     statements: &Statements,
     settings: &BatchSettings,
     metrics: &Metrics,
-    seek_from: Option<DateTime<Utc>>,
+    start: ClaimStart,
 ) -> Result<BatchReport, BatchError> {
     let mut tx = timed(metrics, Stage::Claim, conn.begin()).await?;
-    let claim = match seek_from {
-        None => {
-            sqlx::query(AssertSqlSafe(statements.claim.clone())).bind(settings.batch_size as i64)
+    let limit = settings.batch_size as i64;
+    let claim = match start {
+        ClaimStart::Head => sqlx::query(AssertSqlSafe(statements.claim.clone())).bind(limit),
+        ClaimStart::Recent { horizon } => {
+            sqlx::query(AssertSqlSafe(statements.claim_recent.clone()))
+                .bind(limit)
+                .bind(horizon)
+                .bind(RECENT_WINDOW.as_secs_f64())
         }
-        Some(position) => sqlx::query(AssertSqlSafe(statements.claim_from.clone()))
-            .bind(settings.batch_size as i64)
+        ClaimStart::After(position) => sqlx::query(AssertSqlSafe(statements.claim_from.clone()))
+            .bind(limit)
             .bind(position),
     };
     // The claim cursor schedules full claims by their cost, so it gets the time too.
@@ -316,6 +324,7 @@ pub async fn run_batch<P: Publisher>(
     Ok(BatchReport {
         claimed: rows.len(),
         broker_broken: broken,
+        first_claimed: rows.first().and_then(|row| row.occurred_at),
         last_claimed: rows.last().and_then(|row| row.occurred_at),
         claim_time,
         ..report

@@ -17,6 +17,11 @@ pub struct Statements {
     /// in delete mode that row is gone. Only a shortcut: the worker still runs the full claim
     /// regularly, which picks up rows that commit late with an older claim position.
     pub claim_from: Arc<str>,
+    /// The same claim starting at the earlier of `$2` (a timestamptz, NULL for none: the first
+    /// pending row an earlier wide claim found) and the database's now() minus `$3` seconds, so
+    /// it picks up rows committed late with a claim position that recent while walking only
+    /// the dead entries of that window, not the whole dead prefix the full claim walks.
+    pub claim_recent: Arc<str>,
     /// Settles a batch where every row was confirmed: `$1 uuid[]`.
     pub settle_all_published: Arc<str>,
     /// Settles a batch with per-row outcomes: `$1 uuid[]`, `$2 text[]` (error or NULL),
@@ -95,6 +100,11 @@ impl Statements {
         // converts with the session time zone exactly as the claim did, and is still an index
         // condition.
         let claim_from = claim_where(&format!(" AND t.{occurred} >= $2::timestamptz"));
+        // LEAST ignores a NULL horizon. The bound is a stable expression, computed once per
+        // statement, so it stays an index condition.
+        let claim_recent = claim_where(&format!(
+            " AND t.{occurred} >= least($2::timestamptz, now() - make_interval(secs => $3::float8))"
+        ));
 
         let settle_all_published = match table.mode {
             DeliveryMode::Mark => format!(
@@ -142,6 +152,7 @@ impl Statements {
             purge_processed: purge_processed.into(),
             claim: claim.into(),
             claim_from: claim_from.into(),
+            claim_recent: claim_recent.into(),
             settle_all_published: settle_all_published.into(),
             settle_outcomes: settle_outcomes.into(),
             backlog: backlog.into(),
@@ -173,6 +184,9 @@ mod tests {
         assert!(s.claim.contains("NULL::text, NULL::jsonb, 0"));
         assert!(s.claim_from.contains(
             "IS NULL AND t.\"occurred_on_utc\" >= $2::timestamptz ORDER BY t.\"occurred_on_utc\" LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
+        ));
+        assert!(s.claim_recent.contains(
+            "IS NULL AND t.\"occurred_on_utc\" >= least($2::timestamptz, now() - make_interval(secs => $3::float8)) ORDER BY"
         ));
     }
 
@@ -231,6 +245,8 @@ mod tests {
         let s = Statements::new(&table(), PayloadKind::Text);
         for text in [
             &s.claim,
+            &s.claim_from,
+            &s.claim_recent,
             &s.settle_all_published,
             &s.settle_outcomes,
             &s.backlog,

@@ -117,7 +117,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
         let seen_wake = *wake.borrow_and_update();
         let conn = db.as_mut().expect("connected above");
         let publisher = broker.as_mut().expect("connected above");
-        let seek_from = cursor.next_bound();
+        let start = cursor.next_start();
         ctx.metrics.workers_busy.inc();
         let result = run_batch(
             conn,
@@ -125,7 +125,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
             &ctx.statements,
             &ctx.settings,
             &ctx.metrics,
-            seek_from,
+            start,
         )
         .await;
         ctx.metrics.workers_busy.dec();

@@ -3,6 +3,7 @@
 //! timestamptz and timestamp claim-order columns, and the bound is an index condition.
 
 use chrono::{DateTime, Utc};
+use outbox_relay::claim_cursor::RECENT_WINDOW;
 use outbox_relay::inspect::inspect;
 use outbox_relay::migrate::{MigrationOptions, migrate};
 use outbox_relay::sql::Statements;
@@ -107,22 +108,28 @@ async fn seek_starts_at_the_last_claimed_position(column_type: &str) {
 
     // The bound is an index condition, not a filter applied after walking the index from its
     // head (where the dead entries are).
-    db::exec(&mut conn, "SET enable_seqscan = off").await;
-    let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
-        "EXPLAIN {}",
-        statements
+    let plan = plan_of(
+        &mut conn,
+        &statements
             .claim_from
             .replace("$1", "10")
-            .replace("$2", "'2026-03-01 15:00:03+00'")
-    )))
-    .fetch_all(&mut conn)
-    .await
-    .expect("explain");
-    let plan = plan.join("\n");
+            .replace("$2", "'2026-03-01 15:00:03+00'"),
+    )
+    .await;
     assert!(
         plan.contains("Index Cond: (occurred_on_utc >="),
         "the seek bound must be an index condition:\n{plan}"
     );
+}
+
+/// The plan PostgreSQL picks for `sql` when it may not scan the table sequentially.
+async fn plan_of(conn: &mut PgConnection, sql: &str) -> String {
+    db::exec(conn, "SET enable_seqscan = off").await;
+    let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN {sql}")))
+        .fetch_all(&mut *conn)
+        .await
+        .expect("explain");
+    plan.join("\n")
 }
 
 #[tokio::test]
@@ -133,6 +140,75 @@ async fn seek_claim_on_a_timestamptz_column() {
 #[tokio::test]
 async fn seek_claim_on_a_timestamp_column_in_a_zone_with_an_offset() {
     seek_starts_at_the_last_claimed_position("timestamp").await;
+}
+
+/// Claims with the recent claim from `horizon`, returning the ids.
+async fn claim_recent(
+    conn: &mut PgConnection,
+    statements: &Statements,
+    horizon: Option<&str>,
+) -> Vec<Uuid> {
+    let horizon: Option<DateTime<Utc>> = match horizon {
+        None => None,
+        Some(sql) => Some(
+            sqlx::query_scalar(AssertSqlSafe(format!("SELECT ({sql})::timestamptz")))
+                .fetch_one(&mut *conn)
+                .await
+                .expect("horizon"),
+        ),
+    };
+    sqlx::query_scalar(AssertSqlSafe(statements.claim_recent.clone()))
+        .bind(100i64)
+        .bind(horizon)
+        .bind(RECENT_WINDOW.as_secs_f64())
+        .fetch_all(&mut *conn)
+        .await
+        .expect("recent claim")
+}
+
+/// The recent claim starts at the earlier of its horizon and now() minus the window: it sees
+/// a row committed a moment late whatever the horizon, and rows older than the window only
+/// from the horizon on; its bound is an index condition too.
+#[tokio::test]
+async fn recent_claim_starts_at_the_earlier_of_its_horizon_and_the_window() {
+    let (mut conn, table, ids) = table_with_rows("timestamptz").await;
+    let shape = inspect(&mut conn, &table).await.expect("inspect");
+    let statements = Statements::for_shape(&table, &shape);
+    // Claim order: the ten rows of March, then an hour ago, then two seconds ago.
+    let hour_ago = insert_row_at(&mut conn, &table, "now() - interval '1 hour'").await;
+    let moment_ago = insert_row_at(&mut conn, &table, "now() - interval '2 seconds'").await;
+
+    let row6 = format!(
+        "(SELECT {} FROM {} WHERE id = '{}')",
+        table.columns.occurred_at.quoted(),
+        table.name.quoted(),
+        ids[6]
+    );
+    let from_row6 = claim_recent(&mut conn, &statements, Some(&row6)).await;
+    let mut expected = ids[6..].to_vec();
+    expected.extend([hour_ago, moment_ago]);
+    assert_eq!(from_row6, expected, "an older horizon wins");
+    for horizon in [None, Some("now() + interval '1 day'")] {
+        assert_eq!(
+            claim_recent(&mut conn, &statements, horizon).await,
+            [moment_ago],
+            "with horizon {horizon:?} the window wins"
+        );
+    }
+
+    let plan = plan_of(
+        &mut conn,
+        &statements
+            .claim_recent
+            .replace("$1", "10")
+            .replace("$2", "NULL")
+            .replace("$3", "10"),
+    )
+    .await;
+    assert!(
+        plan.contains("Index Cond: (occurred_on_utc >= LEAST("),
+        "the recent claim's bound must be an index condition:\n{plan}"
+    );
 }
 
 /// Inserts one pending row at the claim position the SQL expression `occurred` gives.
@@ -201,6 +277,77 @@ async fn a_seeking_relay_still_relays_rows_committed_late() {
     );
     assert!(consumer.has(&late_while_busy) && consumer.has(&late_while_idle));
     assert!(consumer.duplicates().is_empty());
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    consumer.close().await;
+}
+
+/// While a worker drains a backlog in full batches it runs the full claim only once a minute;
+/// a row committed a moment late, behind its seek, is picked up by the recent claim within
+/// about a second, long before the backlog ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_relay_relays_a_row_committed_a_moment_late_before_the_backlog_ends() {
+    use lapin::ExchangeKind;
+    use outbox_tests::{broker, process};
+    use std::time::Duration;
+
+    // Batches of 10 relay a few hundred rows a second here: the drain takes many seconds.
+    const BACKLOG: i64 = 8_000;
+    let name = unique("recent");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, BACKLOG as u64).await;
+    let (t, occurred, processed) = (
+        table.name.quoted(),
+        table.columns.occurred_at.quoted(),
+        table.columns.processed_at.quoted(),
+    );
+    // The backlog's claim positions an hour ahead: a row inserted now is behind the worker's
+    // seek bound all through the drain, yet inside the recent window.
+    db::exec(
+        &mut conn,
+        &format!("UPDATE {t} SET {occurred} = {occurred} + interval '1 hour'"),
+    )
+    .await;
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let mut relay = process::spawn_relay(
+        &name,
+        &process::run_args(&name, &name, &["--workers", "1", "--batch-size", "10"]),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while db::pending(&mut conn, &table).await > BACKLOG - 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relay did not start; log:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let late = insert_row_at(&mut conn, &table, "now() - interval '1 second'").await;
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(120)).await,
+        "rows still pending; relay log:\n{}",
+        relay.log_text()
+    );
+    let relayed_after_it = db::scalar_i64(
+        &mut conn,
+        &format!(
+            "SELECT count(*) FROM {t} WHERE {processed} > \
+             (SELECT {processed} FROM {t} WHERE id = '{late}')"
+        ),
+    )
+    .await;
+    let left_when_inserted = BACKLOG - 200;
+    assert!(
+        relayed_after_it >= 1_000,
+        "the late row was relayed with only {relayed_after_it} of the ~{left_when_inserted} \
+         backlog rows after it: the recent claim did not pick it up"
+    );
+    assert_eq!(
+        consumer
+            .wait_for(BACKLOG as u64 + 1, Duration::from_secs(30))
+            .await,
+        BACKLOG as u64 + 1
+    );
+    assert!(consumer.has(&late) && consumer.duplicates().is_empty());
     assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
     consumer.close().await;
 }

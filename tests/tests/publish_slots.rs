@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use lapin::ExchangeKind;
 use outbox_relay::batch::{BatchSettings, run_batch};
+use outbox_relay::claim_cursor::ClaimStart;
 use outbox_relay::config::{ExchangeType, RoutingKey};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::publisher::{
@@ -109,7 +110,7 @@ async fn most_batches_at_the_broker(slots: Option<usize>) -> usize {
                         &statements,
                         &settings,
                         &metrics,
-                        None,
+                        ClaimStart::Head,
                     )
                     .await
                     .expect("batch");
@@ -178,7 +179,7 @@ async fn a_batch_of_malformed_rows_takes_no_slot() {
             &statements,
             &settings(Some(slots)),
             &Metrics::default(),
-            None,
+            ClaimStart::Head,
         ),
     )
     .await
