@@ -254,7 +254,7 @@ pub async fn run_batch<P: Publisher>(
             .bind(limit)
             .bind(position),
     };
-    // The claim cursor schedules full claims by their cost, so it gets the time too.
+    // The claim cursor schedules the wide claims by their cost, so it gets the time too.
     let (rows, claim_time) =
         observed(metrics, Stage::Claim, bounded(claim.fetch_all(&mut *tx))).await;
     let rows = rows?;

@@ -10,11 +10,11 @@
 //! - the seek, after a batch: from the last claimed row's claim position;
 //! - the recent claim, about once a second: from the earlier of the first pending row the
 //!   previous wide claim found and the database's now() minus [`RECENT_WINDOW`]. It picks up
-//!   rows committed late with a recent claim position, and rows another worker released or
-//!   left for a retry since, walking only the dead entries of that stretch;
-//! - the full claim, from the head: at start, after a failure, at least once a minute, and
-//!   when the worker is idle and it is affordable. It is what picks up rows committed later
-//!   than [`RECENT_WINDOW`] after their claim position.
+//!   rows committed late with a recent claim position, and rows another worker released
+//!   since, walking only the dead entries of that stretch;
+//! - the full claim, from the head: at start, after a failure or a batch that left rows
+//!   pending, at least once a minute, and when the worker is idle and it is affordable. It is
+//!   what picks up rows committed later than [`RECENT_WINDOW`] after their claim position.
 //!
 //! The wide claims run on a schedule set by their own measured cost, so they never take more
 //! than a fixed share of a worker's time.
@@ -41,9 +41,10 @@ pub const FULL_CLAIM_AT_LEAST_EVERY: Duration = Duration::from_secs(60);
 pub const CLAIM_COST_SHARE: u32 = 20;
 
 /// Where one claim starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimStart {
     /// At the head of the pending index.
+    #[default]
     Head,
     /// At the earlier of `horizon` (when known) and the database's now() minus
     /// [`RECENT_WINDOW`].
@@ -83,7 +84,7 @@ impl Schedule {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct ClaimCursor {
     /// Claim position of the last row of the last batch that left nothing pending behind it.
     bound: Option<DateTime<Utc>>,
@@ -99,20 +100,6 @@ pub struct ClaimCursor {
     full: Schedule,
     /// Where the claim last handed out by `next_start` starts.
     handed_out: ClaimStart,
-}
-
-impl Default for ClaimCursor {
-    fn default() -> Self {
-        Self {
-            bound: None,
-            horizon: None,
-            head_near: false,
-            last_empty: false,
-            recent: Schedule::default(),
-            full: Schedule::default(),
-            handed_out: ClaimStart::Head,
-        }
-    }
 }
 
 impl ClaimCursor {
@@ -159,7 +146,6 @@ impl ClaimCursor {
         if full_overdue || (self.last_empty && self.full.affordable(now)) {
             return ClaimStart::Head;
         }
-        // The full claim sees all the recent one does, so either resets the recent schedule.
         let since_wide = self.recent.since(now);
         let recent_due = self.recent.affordable(now)
             && (self.head_near || since_wide.is_none_or(|since| since >= RECENT_CLAIM_EVERY));
@@ -179,6 +165,7 @@ impl ClaimCursor {
                     last: Some(now),
                     cost: report.claim_time,
                 };
+                // The full claim sees all the recent one does, so it resets its schedule too.
                 self.recent.last = Some(now);
                 // An empty full claim: nothing this worker could take was pending anywhere.
                 self.horizon = report.first_claimed;

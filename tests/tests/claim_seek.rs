@@ -1,6 +1,8 @@
 //! The seek claim against the real PostgreSQL: after a batch, the next claim starts at the
 //! last claimed row's claim position, even when that row is gone (delete mode), for both
-//! timestamptz and timestamp claim-order columns, and the bound is an index condition.
+//! timestamptz and timestamp claim-order columns, and the bound is an index condition. The
+//! recent claim starts at the earlier of its horizon and now() minus the window, and running
+//! relays still relay rows committed late.
 
 use chrono::{DateTime, Utc};
 use outbox_relay::claim_cursor::RECENT_WINDOW;
@@ -106,30 +108,27 @@ async fn seek_starts_at_the_last_claimed_position(column_type: &str) {
     let (from7, _) = claim(&mut conn, &statements, 100, at7).await;
     assert_eq!(from7, ids[7..]);
 
-    // The bound is an index condition, not a filter applied after walking the index from its
-    // head (where the dead entries are).
-    let plan = plan_of(
-        &mut conn,
-        &statements
-            .claim_from
-            .replace("$1", "10")
-            .replace("$2", "'2026-03-01 15:00:03+00'"),
-    )
-    .await;
-    assert!(
-        plan.contains("Index Cond: (occurred_on_utc >="),
-        "the seek bound must be an index condition:\n{plan}"
-    );
+    let seek = statements
+        .claim_from
+        .replace("$1", "10")
+        .replace("$2", "'2026-03-01 15:00:03+00'");
+    assert_index_condition(&mut conn, &seek, "Index Cond: (occurred_on_utc >=").await;
 }
 
-/// The plan PostgreSQL picks for `sql` when it may not scan the table sequentially.
-async fn plan_of(conn: &mut PgConnection, sql: &str) -> String {
+/// Asserts that the plan PostgreSQL picks for `sql` (when it may not scan the table
+/// sequentially) has `condition`: the claim's bound is an index condition, not a filter
+/// applied after walking the index from its head, where the dead entries are.
+async fn assert_index_condition(conn: &mut PgConnection, sql: &str, condition: &str) {
     db::exec(conn, "SET enable_seqscan = off").await;
     let plan: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!("EXPLAIN {sql}")))
         .fetch_all(&mut *conn)
         .await
         .expect("explain");
-    plan.join("\n")
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains(condition),
+        "{condition} missing from:\n{plan}"
+    );
 }
 
 #[tokio::test]
@@ -196,19 +195,12 @@ async fn recent_claim_starts_at_the_earlier_of_its_horizon_and_the_window() {
         );
     }
 
-    let plan = plan_of(
-        &mut conn,
-        &statements
-            .claim_recent
-            .replace("$1", "10")
-            .replace("$2", "NULL")
-            .replace("$3", "10"),
-    )
-    .await;
-    assert!(
-        plan.contains("Index Cond: (occurred_on_utc >= LEAST("),
-        "the recent claim's bound must be an index condition:\n{plan}"
-    );
+    let recent = statements
+        .claim_recent
+        .replace("$1", "10")
+        .replace("$2", "NULL")
+        .replace("$3", "10");
+    assert_index_condition(&mut conn, &recent, "Index Cond: (occurred_on_utc >= LEAST(").await;
 }
 
 /// Inserts one pending row at the claim position the SQL expression `occurred` gives.
@@ -224,6 +216,25 @@ async fn insert_row_at(conn: &mut PgConnection, table: &OutboxTable, occurred: &
     .await
     .expect("insert a row");
     id
+}
+
+/// Waits until `relay` has brought the table's pending rows down to `rows` (it is draining);
+/// panics with its log when it has not within a minute.
+async fn wait_until_pending_at_most(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+    rows: i64,
+    relay: &outbox_tests::process::RelayProcess,
+) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while db::pending(conn, table).await > rows {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relay did not start; log:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// A claim position older than every seeded row's.
@@ -248,15 +259,7 @@ async fn a_seeking_relay_still_relays_rows_committed_late() {
     );
 
     // Mid-drain: wait until the worker is seeking through the backlog.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while db::pending(&mut conn, &table).await > 19_000 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the relay did not start; log:\n{}",
-            relay.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_pending_at_most(&mut conn, &table, 19_000, &relay).await;
     let late_while_busy = insert_row_at(&mut conn, &table, A_DAY_AGO).await;
     assert!(
         db::wait_until_drained(&table, Duration::from_secs(120)).await,
@@ -312,15 +315,7 @@ async fn a_draining_relay_relays_a_row_committed_a_moment_late_before_the_backlo
         &name,
         &process::run_args(&name, &name, &["--workers", "1", "--batch-size", "10"]),
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while db::pending(&mut conn, &table).await > BACKLOG - 200 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the relay did not start; log:\n{}",
-            relay.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_pending_at_most(&mut conn, &table, BACKLOG - 200, &relay).await;
     let late = insert_row_at(&mut conn, &table, "now() - interval '1 second'").await;
     assert!(
         db::wait_until_drained(&table, Duration::from_secs(120)).await,
