@@ -13,6 +13,9 @@ use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use uuid::Uuid;
 
+/// Longest wait for a consumer's clean-up at the end of a test.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// What the consumer saw: id → times received, plus headers of interest.
 #[derive(Default, Debug)]
 pub struct Received {
@@ -151,13 +154,27 @@ impl Consumer {
         self.received.lock().unwrap().counts.contains_key(id)
     }
 
+    /// Deletes the queue and closes the connection, giving up after [`CLOSE_TIMEOUT`].
+    ///
+    /// Clean-up only, so it must never hang a test: once a lapin I/O loop has lost its socket
+    /// (seen once in an e2e run: the broker logged the client closing the TCP connection),
+    /// a pending channel or close reply is never resolved, and the test that awaited it held
+    /// the e2e scenario lock forever. A queue left behind is harmless: names are unique.
     pub async fn close(self) {
-        if let Ok(channel) = self.connection.create_channel().await {
-            let _ = channel
-                .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-                .await;
+        let queue = self.queue.clone();
+        let cleanup = async move {
+            if let Ok(channel) = self.connection.create_channel().await {
+                let _ = channel
+                    .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+            }
+            let _ = self.connection.close(200, "test done".into()).await;
+        };
+        if tokio::time::timeout(CLOSE_TIMEOUT, cleanup).await.is_err() {
+            eprintln!(
+                "closing the consumer of {queue} timed out after {CLOSE_TIMEOUT:?}; left as is"
+            );
         }
-        let _ = self.connection.close(200, "test done".into()).await;
     }
 }
 

@@ -261,3 +261,48 @@ async fn unreachable_database_at_start_is_retried_not_a_crash() {
         "password leaked into the log:\n{log}"
     );
 }
+
+/// True once `pid` catches SIGTERM (its bit in /proc/<pid>/status `SigCgt`), i.e. once the
+/// relay's handler exists; false if the process went away first.
+fn catches_sigterm(pid: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_the_moment_the_handler_exists_exits_zero() {
+    // A pod stopped while it starts up must not look like a crash: it exits 0, promptly. The
+    // signal goes out as soon as the handler is registered (the relay registers it before it
+    // connects to anything); earlier than that no process can catch it. That the registration
+    // comes first is main.rs's job and is not observed here.
+    let name = unique("earlyterm");
+    let table = db::table(&name);
+    let _conn = db::seeded_table(&table, 100).await;
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    for attempt in 0..5 {
+        let mut relay = process::spawn_relay(&name, &process::run_args(&name, &name, &[]));
+        let pid = relay.pid();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !catches_sigterm(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the relay never registered a SIGTERM handler:\n{}",
+                relay.log_text()
+            );
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        assert_eq!(
+            relay.terminate(Duration::from_secs(30)).await,
+            Some(0),
+            "attempt {attempt}: SIGTERM during start-up did not exit 0:\n{}",
+            relay.log_text()
+        );
+    }
+    consumer.close().await;
+}
