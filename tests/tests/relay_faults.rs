@@ -284,6 +284,7 @@ async fn sigterm_the_moment_the_handler_exists_exits_zero() {
     let name = unique("earlyterm");
     let table = db::table(&name);
     let _conn = db::seeded_table(&table, 100).await;
+    // Declares the exchange, so start-up itself has nothing to fail on.
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
     for attempt in 0..5 {
         let mut relay = process::spawn_relay(&name, &process::run_args(&name, &name, &[]));
@@ -295,6 +296,8 @@ async fn sigterm_the_moment_the_handler_exists_exits_zero() {
                 "the relay never registered a SIGTERM handler:\n{}",
                 relay.log_text()
             );
+            // A blocking sleep on purpose: tokio's timer resolution is a millisecond, longer
+            // than the relay takes from the handler to its first connection.
             std::thread::sleep(Duration::from_micros(100));
         }
         assert_eq!(
