@@ -2,10 +2,13 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 CACHE := $(CURDIR)/.cache
+# Cargo's output: target/ in the clone unless CARGO_TARGET_DIR says otherwise (CI keeps it under
+# $HOME so a fresh clone reuses the last build).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: all build release demo test test-rust lint services bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt
+.PHONY: all build release demo test test-rust lint services control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt
 
 all: build
 
@@ -23,7 +26,12 @@ demo: services release
 	./scripts/demo.sh
 
 ## test: everything CI runs.
-test: services test-rust chart-check bench-smoke chaos-smoke
+test: control-plane services test-rust chart-check bench-smoke chaos-smoke
+
+## control-plane: build etcd, kube-apiserver, kube-controller-manager and kubectl for the tests
+## (once; cached under ~/.cache/outbox-relay/control-plane, keyed by its inputs).
+control-plane:
+	@./tests/control-plane/build.sh >/dev/null
 
 test-rust:
 	$(CARGO) build --workspace --all-targets --release
@@ -47,17 +55,17 @@ chart-check:
 	./scripts/chart-check.sh
 
 bench: services release
-	./target/release/outbox-bench $(BENCH_ARGS)
+	$(TARGET_DIR)/release/outbox-bench $(BENCH_ARGS)
 
 bench-smoke: services
-	./target/release/outbox-bench --smoke
+	$(TARGET_DIR)/release/outbox-bench --smoke
 
 chaos: services release
-	./target/release/outbox-chaos $(CHAOS_ARGS)
+	$(TARGET_DIR)/release/outbox-chaos $(CHAOS_ARGS)
 
 ## chaos-smoke: a seconds-long chaos run and a longer property-based fuzz of the parsers.
 chaos-smoke: services
-	./target/release/outbox-chaos --smoke
+	$(TARGET_DIR)/release/outbox-chaos --smoke
 	PROPTEST_CASES=2000 $(CARGO) test --workspace --release -q fuzz_
 
 e2e-cluster:

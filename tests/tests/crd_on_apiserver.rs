@@ -1,0 +1,250 @@
+//! The CRD on a real kube-apiserver: accepted as a structural schema with its CEL rules (and
+//! their cost budget), documented for `kubectl explain`, the samples apply, and every kind of
+//! bad OutboxRelay is refused by the server with a message that names the field.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use outbox_tests::control_plane::ControlPlane;
+use outbox_tests::unique;
+
+fn repo(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+/// The CRD from `crds/`, applied and Established once per test binary.
+fn plane_with_crd() -> &'static ControlPlane {
+    static APPLIED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    let plane = ControlPlane::shared();
+    APPLIED.get_or_init(|| {
+        let crd = repo("crds/outboxrelays.yaml");
+        plane
+            .kubectl_ok(&["apply", "--server-side", "-f", crd.to_str().unwrap()])
+            .expect("the real API server accepts the CRD");
+        plane
+            .kubectl_ok(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/outboxrelays.outboxrelay.io",
+            ])
+            .expect("the CRD becomes Established");
+    });
+    plane
+}
+
+/// `kubectl apply --validate=strict -f -` of `manifest` in `namespace`: (ok, stdout+stderr).
+fn apply(plane: &ControlPlane, namespace: &str, manifest: &str) -> (bool, String) {
+    let mut child = plane
+        .kubectl()
+        .args(["apply", "--validate=strict", "-n", namespace, "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(manifest.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+fn namespace(plane: &ControlPlane, prefix: &str) -> String {
+    let ns = unique(prefix).replace('_', "-");
+    plane.create_namespace(&ns).unwrap();
+    ns
+}
+
+#[test]
+fn the_real_api_server_accepts_the_crd_and_reports_its_version() {
+    let plane = plane_with_crd();
+    let version = plane.kubectl_ok(&["version", "-o", "json"]).unwrap();
+    let version: serde_json::Value = serde_json::from_str(&version).unwrap();
+    let server = version["serverVersion"]["gitVersion"].as_str().unwrap();
+    assert!(
+        server.starts_with("v1.37."),
+        "the control plane reports {server}"
+    );
+    let crd = plane
+        .kubectl_ok(&["get", "crd", "outboxrelays.outboxrelay.io", "-o", "json"])
+        .unwrap();
+    let crd: serde_json::Value = serde_json::from_str(&crd).unwrap();
+    let conditions = crd["status"]["conditions"].as_array().unwrap();
+    for kind in ["Established", "NamesAccepted"] {
+        assert!(
+            conditions
+                .iter()
+                .any(|c| c["type"] == kind && c["status"] == "True"),
+            "{kind} missing in {conditions:?}"
+        );
+    }
+    // A non-structural schema would show up as a NonStructuralSchema condition.
+    assert!(
+        !conditions
+            .iter()
+            .any(|c| c["type"] == "NonStructuralSchema"),
+        "{conditions:?}"
+    );
+    let resources = plane
+        .kubectl_ok(&["api-resources", "--api-group=outboxrelay.io"])
+        .unwrap();
+    assert!(resources.contains("obr"), "{resources}");
+}
+
+#[test]
+fn kubectl_explain_prints_the_field_docs() {
+    let plane = plane_with_crd();
+    // The server publishes a new CRD's OpenAPI a moment after it is Established.
+    let text = plane
+        .kubectl_eventually(
+            &["explain", "outboxrelays.spec.scaling"],
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    for field in [
+        "minReplicas",
+        "maxReplicas",
+        "targetBacklogPerReplica",
+        "pollingInterval",
+    ] {
+        assert!(text.contains(field), "explain lacks {field}:\n{text}");
+    }
+    let text = plane
+        .kubectl_ok(&["explain", "outboxrelays.spec.scaling.maxReplicas"])
+        .unwrap();
+    assert!(
+        text.contains("DESCRIPTION") && text.lines().count() > 4,
+        "{text}"
+    );
+}
+
+#[test]
+fn the_samples_apply_with_kustomize() {
+    let plane = plane_with_crd();
+    let ns = namespace(plane, "samples");
+    let samples = repo("config/samples");
+    let out = plane
+        .kubectl_ok(&[
+            "apply",
+            "--validate=strict",
+            "-n",
+            &ns,
+            "-k",
+            samples.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(out.contains("outboxrelay.outboxrelay.io/orders"), "{out}");
+    let names = plane
+        .kubectl_ok(&["get", "obr", "-n", &ns, "-o", "name"])
+        .unwrap();
+    assert_eq!(names.lines().count(), 3, "{names}");
+}
+
+/// A valid OutboxRelay with `spec_extra` merged into its spec (YAML fragment, indented).
+fn relay(name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: outboxrelay.io/v1alpha1
+kind: OutboxRelay
+metadata:
+  name: {name}
+spec:
+{spec}"
+    )
+}
+
+const BASE: &str = "  database:
+    urlSecretRef: {name: db}
+    table: outbox_messages
+  broker:
+    urlSecretRef: {name: amqp}
+    exchange: outbox
+";
+
+#[test]
+fn invalid_outbox_relays_are_refused_with_the_field_named() {
+    let plane = plane_with_crd();
+    let ns = namespace(plane, "invalid");
+    let (ok, out) = apply(plane, &ns, &relay("valid", BASE));
+    assert!(ok, "the base spec must be valid: {out}");
+
+    let cases: &[(&str, String, &[&str])] = &[
+        (
+            "a string where an integer goes",
+            format!("{BASE}  relay:\n    batchSize: many\n"),
+            &["spec.relay.batchSize"],
+        ),
+        (
+            "a batch size above the limit",
+            format!("{BASE}  relay:\n    batchSize: 20000\n"),
+            &["spec.relay.batchSize", "10000"],
+        ),
+        (
+            "minReplicas above maxReplicas (CEL)",
+            format!("{BASE}  scaling:\n    minReplicas: 5\n    maxReplicas: 2\n"),
+            &[
+                "spec.scaling",
+                "minReplicas must not be greater than maxReplicas",
+            ],
+        ),
+        (
+            "fallback replicas above maxReplicas (CEL)",
+            format!("{BASE}  scaling:\n    maxReplicas: 2\n    fallback:\n      replicas: 3\n"),
+            &[
+                "spec.scaling",
+                "fallback.replicas must not be greater than maxReplicas",
+            ],
+        ),
+        (
+            "an unknown field under strict field validation",
+            format!("{BASE}  relay:\n    batchSise: 10\n"),
+            &["unknown field", "spec.relay.batchSise"],
+        ),
+        (
+            "a bad enum value",
+            format!("{BASE}  relay:\n    deliveryMode: archive\n"),
+            &["spec.relay.deliveryMode", "archive", "mark", "delete"],
+        ),
+        (
+            "a table name that is not an identifier",
+            BASE.replace("outbox_messages", "\"orders; drop table x\""),
+            &["spec.database.table"],
+        ),
+        (
+            "a duration that is not a duration",
+            format!("{BASE}  scaling:\n    pollingInterval: soon\n"),
+            &["spec.scaling.pollingInterval"],
+        ),
+        (
+            "a missing required field",
+            BASE.replace("    exchange: outbox\n", "")
+                .replace("    urlSecretRef: {name: amqp}\n", "    exchange: outbox\n"),
+            &["spec.broker.urlSecretRef", "Required"],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (i, (what, spec, expected)) in cases.iter().enumerate() {
+        let (ok, out) = apply(plane, &ns, &relay(&format!("bad-{i}"), spec));
+        let named = expected.iter().all(|e| out.contains(e));
+        if ok || !named {
+            failures.push(format!(
+                "{what}: accepted={ok}, expected {expected:?} in:\n{out}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    let names = plane
+        .kubectl_ok(&["get", "obr", "-n", &ns, "-o", "name"])
+        .unwrap();
+    assert_eq!(names.trim(), "outboxrelay.outboxrelay.io/valid");
+}
