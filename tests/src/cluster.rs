@@ -1,9 +1,15 @@
-//! A cluster on one machine for end-to-end operator tests: the in-memory API server, the real
-//! operator controller running against it, and the kubelet running real relay processes. The
-//! relays talk to the real PostgreSQL and RabbitMQ.
+//! A namespace of its own on the real control plane, set up as a user would: the operator chart
+//! `helm install`ed into it (namespaced mode, watching that namespace), the operator running as
+//! a process with a token of the chart's ServiceAccount (so the chart's RBAC decides every
+//! request it makes), a node agent running the relay pods as real `outbox-relay` processes, and
+//! the connection Secrets pointing at the local PostgreSQL and RabbitMQ.
+//!
+//! The chart's own operator Deployment is installed with zero replicas, so exactly one operator
+//! runs: the process started here.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -11,85 +17,105 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
-use outbox_operator::controller::{Context, Settings, run_controller};
-use outbox_operator::metrics::Metrics;
 use outbox_operator::{OutboxRelay, OutboxRelaySpec};
 use serde_json::json;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use tokio::process::{Child, Command};
 
-use crate::apiserver::ApiServer;
-use crate::kubelet::{Kubelet, KubeletConfig};
+use crate::control_plane::spawn::die_with_parent_tokio;
+use crate::control_plane::{ControlPlane, client_from_kubeconfig, free_port};
+use crate::history::History;
+use crate::node_agent::{NodeAgent, NodeAgentConfig};
+use crate::{helm, process, unique};
 
-/// Every test object lives in this namespace; each test has its own API server.
-pub const NAMESPACE: &str = "e2e";
 /// Secrets holding the connection URLs, as a user would create them.
 pub const DATABASE_SECRET: &str = "outbox-db";
 pub const BROKER_SECRET: &str = "outbox-amqp";
+/// The chart's objects are named this (`fullnameOverride`), so its ServiceAccount is too.
+pub const OPERATOR_NAME: &str = "outbox-operator";
 
 pub struct TestCluster {
-    pub api: ApiServer,
+    pub plane: &'static ControlPlane,
+    pub namespace: String,
+    /// The admin's client, for what the test itself does.
     pub client: Client,
-    pub kubelet: Kubelet,
-    operator: JoinHandle<()>,
-    stop_operator: oneshot::Sender<()>,
+    pub node: NodeAgent,
+    pub operator: OperatorProcess,
+    histories: std::sync::Mutex<BTreeMap<String, History>>,
 }
 
 impl TestCluster {
-    /// Starts the API server, creates the connection Secrets, then the kubelet and the
-    /// operator (retries and backoffs short, as a test needs).
-    pub async fn start(kubelet: KubeletConfig) -> Self {
-        // RUST_LOG=outbox_operator=debug shows the operator's decisions in a failing test.
+    /// A fresh namespace with the chart installed, the Secrets, the node agent and the
+    /// operator (retries and resyncs short, as a test needs).
+    pub async fn start(node: NodeAgentConfig) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
-        let api = ApiServer::start().await.expect("the API server binds");
-        let client = api.client(NAMESPACE);
-        create_connection_secrets(&client).await;
-        let kubelet = Kubelet::start(client.clone(), NAMESPACE, kubelet).await;
-        let settings = Settings {
-            base_backoff: Duration::from_millis(500),
-            max_backoff: Duration::from_secs(5),
-            lock_busy_retry: Duration::from_millis(500),
-            resync_after: Duration::from_secs(30),
-            ..Settings::default()
-        };
-        let context = Arc::new(Context::new(
-            client.clone(),
-            Arc::new(Metrics::default()),
-            settings,
-        ));
-        let (stop_operator, stopped) = oneshot::channel::<()>();
-        let operator = tokio::spawn(run_controller(
-            context,
-            Some(NAMESPACE.to_string()),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let plane = ControlPlane::shared();
+        let namespace = unique("e2e").replace('_', "-");
+        plane
+            .create_namespace(&namespace)
+            .expect("create the namespace");
+        install_chart(plane, &namespace, &[]).expect("helm install the operator chart");
+        let client = plane.admin_client().await.expect("an admin client");
+        create_connection_secrets(&client, &namespace).await;
+        let node = NodeAgent::start(client.clone(), &namespace, node)
+            .await
+            .expect("the node agent starts");
+        let operator = OperatorProcess::start(plane, &namespace, &namespace, "operator", &[])
+            .await
+            .expect("the operator starts");
         Self {
-            api,
+            plane,
+            namespace,
             client,
-            kubelet,
+            node,
             operator,
-            stop_operator,
+            histories: Default::default(),
         }
     }
 
     pub fn relays(&self) -> Api<OutboxRelay> {
-        Api::namespaced(self.client.clone(), NAMESPACE)
+        Api::namespaced(self.client.clone(), &self.namespace)
     }
 
     pub fn deployments(&self) -> Api<Deployment> {
-        Api::namespaced(self.client.clone(), NAMESPACE)
+        Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// Creates the OutboxRelay and starts recording every version of it and of its
+    /// Deployment.
     pub async fn create_relay(&self, name: &str, spec: OutboxRelaySpec) -> OutboxRelay {
+        self.record(name);
         self.relays()
             .create(&PostParams::default(), &OutboxRelay::new(name, spec))
             .await
             .expect("the OutboxRelay is created")
+    }
+
+    /// Records every version of the relay and the Deployment called `name` from now on.
+    pub fn record(&self, name: &str) {
+        let mut histories = self.histories.lock().unwrap();
+        histories
+            .entry(format!("outboxrelays/{name}"))
+            .or_insert_with(|| History::record(self.relays(), name));
+        histories
+            .entry(format!("deployments/{name}"))
+            .or_insert_with(|| History::record(self.deployments(), name));
+    }
+
+    /// Every version the API server stored of `kind/name` since [`Self::record`], with the
+    /// node agent's clock second it arrived.
+    pub fn versions_of(&self, kind: &str, name: &str) -> Vec<(f64, serde_json::Value)> {
+        let origin = self.node.origin();
+        let histories = self.histories.lock().unwrap();
+        histories
+            .get(&format!("{kind}/{name}"))
+            .map(|h| h.versions())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(at, value)| ((at - origin).as_seconds_f64(), value))
+            .collect()
     }
 
     /// The relay's Deployment replicas, `None` before the operator created it.
@@ -102,22 +128,16 @@ impl TestCluster {
             .and_then(|d| d.spec.replicas)
     }
 
-    /// `namespace/name` of the relay's Deployment, the kubelet's key.
-    pub fn deployment_key(name: &str) -> String {
-        format!("{NAMESPACE}/{name}")
-    }
-
-    /// Every `spec.replicas` the relay's Deployment had, with the kubelet-clock second it was
-    /// written, consecutive repeats dropped: the exact scaling history.
+    /// Every `spec.replicas` the relay's Deployment had, with the node-agent-clock second it
+    /// was written, consecutive repeats dropped: the exact scaling history.
     pub fn replicas_history(&self, name: &str) -> Vec<(f64, i32)> {
-        let origin = self.kubelet.origin();
         let mut history: Vec<(f64, i32)> = Vec::new();
-        for (at, deployment) in self.api.versions_of("deployments", NAMESPACE, name) {
+        for (at, deployment) in self.versions_of("deployments", name) {
             let Some(replicas) = deployment["spec"]["replicas"].as_i64() else {
                 continue;
             };
             if history.last().map(|h| h.1) != Some(replicas as i32) {
-                history.push(((at - origin).as_seconds_f64(), replicas as i32));
+                history.push((at, replicas as i32));
             }
         }
         history
@@ -125,7 +145,7 @@ impl TestCluster {
 
     /// Reasons and notes of the events about the relay, oldest first.
     pub async fn events(&self, relay: &str) -> Vec<(String, String)> {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut list = events
             .list(&ListParams::default())
             .await
@@ -143,17 +163,171 @@ impl TestCluster {
             .collect()
     }
 
-    /// Stops the operator first (so it does not react), then the relays with SIGTERM.
+    /// The name lag reports carry for the relay: `<namespace>/<name>`.
+    pub fn report_name(&self, relay: &str) -> String {
+        format!("{}/{relay}", self.namespace)
+    }
+
+    /// Requests of the operator's ServiceAccount that the API server denied (403), as
+    /// `verb resource: uri` lines, from the audit log.
+    pub fn operator_denials(&self) -> Vec<String> {
+        denials(self.plane, &self.namespace, OPERATOR_NAME)
+    }
+
+    /// Stops the operator first (so it does not react), then the relays with SIGTERM, then
+    /// removes the namespace. Fails the test if the operator was ever denied a request.
     pub async fn shutdown(self) {
-        let _ = self.stop_operator.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.operator).await;
-        self.kubelet.shutdown(Duration::from_secs(20)).await;
+        self.operator.stop().await;
+        self.node.shutdown().await;
+        let denied = denials(self.plane, &self.namespace, OPERATOR_NAME);
+        let _ =
+            self.plane
+                .kubectl_output(&["delete", "namespace", &self.namespace, "--wait=false"]);
+        assert!(
+            denied.is_empty(),
+            "the chart's RBAC denied the operator: {denied:#?}"
+        );
+    }
+}
+
+/// `helm install` of the chart into `namespace`, watching `namespace` only, with zero operator
+/// pods (the test runs the operator as a process), plus `extra` `--set` values.
+pub fn install_chart(
+    plane: &ControlPlane,
+    namespace: &str,
+    extra: &[String],
+) -> anyhow::Result<String> {
+    let mut set = vec![
+        format!("fullnameOverride={OPERATOR_NAME}"),
+        "replicaCount=0".to_string(),
+        format!("watchNamespaces={{{namespace}}}"),
+    ];
+    set.extend_from_slice(extra);
+    helm::install(plane, OPERATOR_NAME, namespace, &set)
+}
+
+/// Audit records of ServiceAccount `namespace/name` with response code 403.
+pub fn denials(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String> {
+    plane
+        .audit_events_of(namespace, name)
+        .into_iter()
+        .filter(|e| e["stage"] == "ResponseComplete" && e["responseStatus"]["code"] == 403)
+        .map(|e| {
+            format!(
+                "{} {}: {}",
+                e["verb"], e["objectRef"]["resource"], e["requestURI"]
+            )
+        })
+        .collect()
+}
+
+/// `outbox-operator run` as its own process, authenticated with a token of the chart's
+/// ServiceAccount, exactly as the pod would be but for the credentials' path.
+pub struct OperatorProcess {
+    child: Child,
+    pub log: PathBuf,
+    /// `127.0.0.1:PORT` of its /metrics, /healthz and /readyz.
+    pub metrics_addr: String,
+    pub kubeconfig: PathBuf,
+}
+
+impl OperatorProcess {
+    /// Starts an operator with the token of ServiceAccount `OPERATOR_NAME` in `release_ns`,
+    /// watching `watch_ns` (empty: every namespace), leader election off unless `extra` says
+    /// otherwise. `name` names its log.
+    pub async fn start(
+        plane: &ControlPlane,
+        release_ns: &str,
+        watch_ns: &str,
+        name: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let kubeconfig = plane.service_account_kubeconfig(release_ns, OPERATOR_NAME)?;
+        let log = process::log_path(&format!("{release_ns}-{name}"));
+        let file = std::fs::File::create(&log)?;
+        let metrics_addr = format!("127.0.0.1:{}", free_port()?);
+        let mut command = Command::new(process::binary("outbox-operator"));
+        command.args([
+            "run",
+            "--metrics-addr",
+            &metrics_addr,
+            "--log-format",
+            "text",
+        ]);
+        if !watch_ns.is_empty() {
+            command.args(["--namespace", watch_ns]);
+        }
+        if !extra.iter().any(|a| a.starts_with("--leader-election")) {
+            command.arg("--leader-election=false");
+        }
+        command
+            .args([
+                "--retry-base",
+                "500ms",
+                "--retry-max",
+                "5s",
+                "--resync-interval",
+                "30s",
+            ])
+            .args(extra)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAMESPACE", release_ns)
+            .env("POD_NAME", format!("{name}-{}", std::process::id()))
+            .env(
+                "RUST_LOG",
+                std::env::var("OPERATOR_LOG").unwrap_or("info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .kill_on_drop(true);
+        die_with_parent_tokio(&mut command);
+        let child = command.spawn()?;
+        Ok(Self {
+            child,
+            log,
+            metrics_addr,
+            kubeconfig,
+        })
+    }
+
+    /// A client with the operator's own credentials.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGKILL: no chance to release the Lease.
+    pub async fn kill9(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// SIGTERM, then SIGKILL after 10 s.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
 /// The Secrets [`relay_spec`] refers to, holding the local PostgreSQL and RabbitMQ URLs.
-pub async fn create_connection_secrets(client: &Client) {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NAMESPACE);
+pub async fn create_connection_secrets(client: &Client, namespace: &str) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     for (name, url) in [
         (DATABASE_SECRET, crate::database_url()),
         (BROKER_SECRET, crate::amqp_url()),

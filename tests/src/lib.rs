@@ -1,14 +1,14 @@
 //! Support for the cross-component tests: unique tables and exchanges per test, a consumer
 //! that records every message id, and real `outbox-relay` processes.
 
-pub mod apiserver;
 pub mod broker;
 pub mod chaos;
 pub mod cluster;
 pub mod control_plane;
 pub mod db;
+pub mod helm;
+pub mod history;
 pub mod http;
-pub mod kubelet;
 pub mod node_agent;
 pub mod process;
 pub mod proxy;

