@@ -1,0 +1,228 @@
+//! The chart with the real helm on the real control plane: `helm install` cluster-wide and
+//! with `watchNamespaces`, `helm upgrade`, `helm uninstall`; the operator running with the
+//! chart's ServiceAccount token reconciles what its RBAC covers, leaves the rest alone, and
+//! is never denied a request (the API server's audit log says so).
+//!
+//! The cluster-wide operator watches every namespace, so it gets a control plane of its own:
+//! on the shared one it would reconcile the other tests' relays.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+use kube::api::PostParams;
+use outbox_operator::OutboxRelay;
+use outbox_tests::cluster::{
+    OPERATOR_NAME, OperatorProcess, create_connection_secrets, denials, install_chart, relay_spec,
+};
+use outbox_tests::control_plane::ControlPlane;
+use outbox_tests::{db, helm, process, unique};
+
+fn fresh_namespace(plane: &ControlPlane, prefix: &str) -> String {
+    let ns = unique(prefix).replace('_', "-");
+    plane.create_namespace(&ns).unwrap();
+    ns
+}
+
+/// Creates Secrets, a table and an OutboxRelay (zero replicas) in `ns`; returns its name.
+async fn relay_in(plane: &ControlPlane, ns: &str) -> String {
+    let client = plane.admin_client().await.unwrap();
+    create_connection_secrets(&client, ns).await;
+    let table = unique("helm");
+    db::seeded_table(&db::table(&table), 0).await;
+    let mut spec = relay_spec(&table, &table);
+    spec.replicas = 0;
+    let name = table.replace('_', "-");
+    let relays: Api<OutboxRelay> = Api::namespaced(client, ns);
+    relays
+        .create(&PostParams::default(), &OutboxRelay::new(&name, spec))
+        .await
+        .unwrap();
+    name
+}
+
+/// Whether the operator reconciled the relay: it has a status for its generation and a
+/// Deployment.
+async fn reconciled(plane: &ControlPlane, ns: &str, name: &str) -> bool {
+    let client = plane.admin_client().await.unwrap();
+    let relays: Api<OutboxRelay> = Api::namespaced(client.clone(), ns);
+    let deployments: Api<Deployment> = Api::namespaced(client, ns);
+    let Ok(relay) = relays.get(name).await else {
+        return false;
+    };
+    let seen = relay.status.and_then(|s| s.observed_generation) == relay.metadata.generation;
+    seen && deployments.get_opt(name).await.ok().flatten().is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_wide_install_reconciles_every_namespace_upgrades_and_uninstalls() {
+    let plane = ControlPlane::start().expect("a control plane of this test's own");
+    let system = fresh_namespace(&plane, "system");
+    let release = OPERATOR_NAME;
+    let chart = helm::chart_dir();
+    let chart = chart.to_str().unwrap();
+    let set = [
+        format!("fullnameOverride={OPERATOR_NAME}"),
+        "replicaCount=0".to_string(),
+    ];
+    helm::install(&plane, release, &system, &set).expect("helm install, cluster-wide");
+    let roles = plane
+        .kubectl_ok(&["get", "clusterrole,clusterrolebinding", "-o", "name"])
+        .unwrap();
+    assert!(
+        roles.contains(&format!(
+            "clusterrole.rbac.authorization.k8s.io/{OPERATOR_NAME}"
+        )),
+        "{roles}"
+    );
+
+    let operator = OperatorProcess::start(&plane, &system, "", "cluster-wide", &[])
+        .await
+        .unwrap();
+    let team_a = fresh_namespace(&plane, "team-a");
+    let team_b = fresh_namespace(&plane, "team-b");
+    let a = relay_in(&plane, &team_a).await;
+    let b = relay_in(&plane, &team_b).await;
+    for (ns, name) in [(&team_a, &a), (&team_b, &b)] {
+        let ok =
+            process::eventually(Duration::from_secs(60), || reconciled(&plane, ns, name)).await;
+        assert!(ok, "{ns}/{name} not reconciled: {}", operator.log_text());
+    }
+
+    // helm upgrade: a changed value reaches the Deployment; the release's revision moves.
+    helm::helm(
+        &plane,
+        &[
+            "upgrade",
+            release,
+            chart,
+            "-n",
+            &system,
+            "--reuse-values",
+            "--set",
+            "logFormat=text",
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    )
+    .expect("helm upgrade");
+    let args = plane
+        .kubectl_ok(&[
+            "get",
+            "deploy",
+            OPERATOR_NAME,
+            "-n",
+            &system,
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].args}",
+        ])
+        .unwrap();
+    assert!(args.contains("--log-format=text"), "{args}");
+    let history = helm::helm(&plane, &["history", release, "-n", &system]).unwrap();
+    assert!(history.lines().count() >= 3, "{history}");
+
+    operator.stop().await;
+    let denied = denials(&plane, &system, OPERATOR_NAME);
+    assert!(denied.is_empty(), "the chart's RBAC denied: {denied:#?}");
+
+    // helm uninstall removes the release's objects, cluster-scoped ones too; the CRD (from
+    // the chart's crds/ folder) stays, as Helm keeps CRDs, and so do the OutboxRelays.
+    helm::helm(&plane, &["uninstall", release, "-n", &system, "--wait"]).expect("helm uninstall");
+    let left = plane
+        .kubectl_ok(&["get", "clusterrole,clusterrolebinding", "-o", "name"])
+        .unwrap();
+    assert!(!left.contains(OPERATOR_NAME), "{left}");
+    let (sa_left, ..) = plane
+        .kubectl_output(&["get", "serviceaccount", OPERATOR_NAME, "-n", &system])
+        .unwrap();
+    assert!(!sa_left, "the ServiceAccount outlived the release");
+    plane
+        .kubectl_ok(&["get", "crd", "outboxrelays.outboxrelay.io"])
+        .expect("the CRD stays");
+    plane
+        .kubectl_ok(&["get", "obr", &a, "-n", &team_a])
+        .expect("the OutboxRelays stay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaced_install_leaves_other_namespaces_alone_without_a_denied_request() {
+    let plane = ControlPlane::shared();
+    let release_ns = fresh_namespace(plane, "release");
+    let watched = fresh_namespace(plane, "watched");
+    let other = fresh_namespace(plane, "other");
+    install_chart(
+        plane,
+        &release_ns,
+        &[format!("watchNamespaces={{{watched}}}")],
+    )
+    .expect("helm install, namespaced");
+    // Roles in the watched namespace only; nothing cluster-wide.
+    let roles = plane
+        .kubectl_ok(&["get", "role", "-n", &watched, "-o", "name"])
+        .unwrap();
+    assert!(roles.contains(OPERATOR_NAME), "{roles}");
+    let (in_other, ..) = plane
+        .kubectl_output(&["get", "role", OPERATOR_NAME, "-n", &other])
+        .unwrap();
+    assert!(!in_other, "a Role in an unwatched namespace");
+
+    let operator = OperatorProcess::start(plane, &release_ns, &watched, "namespaced", &[])
+        .await
+        .unwrap();
+    let mine = relay_in(plane, &watched).await;
+    let theirs = relay_in(plane, &other).await;
+    let ok = process::eventually(Duration::from_secs(60), || {
+        reconciled(plane, &watched, &mine)
+    })
+    .await;
+    assert!(
+        ok,
+        "the watched relay was not reconciled: {}",
+        operator.log_text()
+    );
+    // A few polls later the other namespace's relay is still untouched.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let status = plane
+        .kubectl_ok(&[
+            "get",
+            "obr",
+            &theirs,
+            "-n",
+            &other,
+            "-o",
+            "jsonpath={.status}",
+        ])
+        .unwrap();
+    assert!(
+        status.trim().is_empty(),
+        "an unwatched relay got a status: {status}"
+    );
+    let (deployed, ..) = plane
+        .kubectl_output(&["get", "deploy", &theirs, "-n", &other])
+        .unwrap();
+    assert!(!deployed, "an unwatched relay got a Deployment");
+    operator.stop().await;
+    let denied = denials(plane, &release_ns, OPERATOR_NAME);
+    assert!(denied.is_empty(), "the chart's RBAC denied: {denied:#?}");
+
+    // The check above can fail: a ServiceAccount without the chart's rights is denied, and the
+    // audit log shows it.
+    let powerless = plane
+        .service_account_kubeconfig(&watched, "default")
+        .unwrap();
+    let attempt = std::process::Command::new(plane.kubectl_path())
+        .args(["get", "obr", "-n", &watched])
+        .env("KUBECONFIG", &powerless)
+        .output()
+        .unwrap();
+    assert!(!attempt.status.success());
+    let seen = process::eventually(Duration::from_secs(10), || async {
+        !denials(plane, &watched, "default").is_empty()
+    })
+    .await;
+    assert!(seen, "the audit log does not show the denied request");
+    for ns in [&release_ns, &watched, &other] {
+        let _ = plane.kubectl_output(&["delete", "namespace", ns, "--wait=false"]);
+    }
+}
