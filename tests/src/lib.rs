@@ -14,6 +14,7 @@ pub mod process;
 pub mod proxy;
 pub mod scaling_recorder;
 pub mod timeline;
+pub mod wait;
 
 /// A short unique suffix for table, exchange and queue names, so tests never share data.
 pub fn unique(prefix: &str) -> String {

@@ -75,12 +75,19 @@ pub async fn start(upstream: SocketAddr) -> std::io::Result<(SocketAddr, StallSw
     Ok((addr, switch))
 }
 
-/// Starts a proxy in front of the server `url` names (with an explicit port); returns the same
-/// URL pointing at the proxy, credentials and path kept.
+/// Starts a proxy in front of the server `url` names (its port, or the scheme's default for
+/// PostgreSQL and AMQP); returns the same URL pointing at the proxy, credentials, path and
+/// query kept.
 pub async fn start_for_url(url: &str) -> std::io::Result<(String, StallSwitch)> {
     let mut url = url::Url::parse(url).map_err(std::io::Error::other)?;
+    let default_port = match url.scheme() {
+        "postgres" | "postgresql" => Some(5432),
+        "amqp" => Some(5672),
+        "amqps" => Some(5671),
+        _ => None,
+    };
     let upstream = url
-        .socket_addrs(|| None)?
+        .socket_addrs(|| default_port)?
         .into_iter()
         .next()
         .ok_or_else(|| std::io::Error::other("the URL names no address"))?;

@@ -16,7 +16,7 @@ use outbox_relay::migrate::{MigrationOptions, migrate};
 use outbox_tests::chaos::consumer;
 use outbox_tests::chaos::faults::{self, FaultKind};
 use outbox_tests::chaos::report::{ChaosReport, FaultRecord};
-use outbox_tests::{db, process, proxy, unique};
+use outbox_tests::{db, process, proxy, unique, wait};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::process::{Child, Command};
@@ -163,15 +163,42 @@ impl Run {
         self.started.elapsed().as_secs_f64()
     }
 
-    /// Waits until the consumer records new ids again; the time it took.
-    async fn recovery(&self, limit: Duration) -> Option<f64> {
+    /// Waits until the consumer records new ids again; the time it took, `None` when it did
+    /// not within `limit`, an error when a relay gave up for good meanwhile.
+    async fn recovery(&mut self, limit: Duration) -> anyhow::Result<Option<f64>> {
         let before = self.delivered();
         let start = Instant::now();
-        while start.elapsed() < limit {
-            if self.delivered() > before || self.delivered() >= self.rows {
-                return Some(start.elapsed().as_secs_f64());
+        let flowing = wait::until_or_fail("the consumer records new ids", limit, || {
+            let failed = self.failed_relay();
+            let flowing = self.delivered() > before || self.delivered() >= self.rows;
+            async move { failed.map_or(Ok(flowing), Err) }
+        })
+        .await;
+        match flowing {
+            Ok(()) => Ok(Some(start.elapsed().as_secs_f64())),
+            Err(error) if error.is::<wait::TimedOut>() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A relay that exited with an error code: it will not recover by itself (a bad table,
+    /// option or URL), so the run ends at once rather than waiting out its timeouts. Killed
+    /// relays (no exit code) are the faults' own doing and are restarted by them.
+    fn failed_relay(&mut self) -> Option<anyhow::Error> {
+        for index in 0..self.relays.len() {
+            let code = match self.relays[index].try_wait() {
+                Ok(Some(status)) => status.code(),
+                _ => continue,
+            };
+            if let Some(code) = code.filter(|c| *c != 0) {
+                let log = std::fs::read_to_string(self.relay_log(index)).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                return Some(anyhow::anyhow!(
+                    "relay {index} exited with code {code}; its last log lines:\n{}",
+                    tail.join("\n")
+                ));
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         None
     }
@@ -309,11 +336,26 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
     .await?;
     let _ = connection.close(200, "set up".into()).await;
 
-    let (proxy_addr, stall) = proxy::start("127.0.0.1:5432".parse()?).await?;
-    // Trust authentication ignores the password; it is here so the logs can be searched for it.
-    let password = format!("Chaos-{seed}-Pw");
-    let db_url =
-        format!("postgres://postgres:{password}@{proxy_addr}/test?application_name={name}");
+    // The relays reach the database of DATABASE_URL (host, port, database, user) through the
+    // stalling proxy, under the run's application name so its sessions can be terminated.
+    let (proxied, stall) = proxy::start_for_url(&outbox_tests::database_url()).await?;
+    let mut db_url = url::Url::parse(&proxied)?;
+    // The logs are searched for the password. The user's own, or else one of the run's: trust
+    // authentication ignores it.
+    let password = match db_url.password() {
+        Some(password) => password.to_string(),
+        None => {
+            let password = format!("Chaos-{seed}-Pw");
+            db_url
+                .set_password(Some(&password))
+                .map_err(|()| anyhow::anyhow!("DATABASE_URL cannot take a password"))?;
+            password
+        }
+    };
+    db_url
+        .query_pairs_mut()
+        .append_pair("application_name", &name);
+    let db_url = db_url.to_string();
     let mut run = Run {
         name: name.clone(),
         rows,
@@ -341,14 +383,20 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
     let mut bound_workers = 0u64;
     for (fraction, kind) in schedule(&mut rng, &kinds, per_kind) {
         let threshold = (fraction * rows as f64) as u64;
-        let wait_start = Instant::now();
-        while run.delivered() < threshold && wait_start.elapsed() < Duration::from_secs(600) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait::until_or_fail(
+            &format!("{threshold} ids are delivered before the next fault"),
+            Duration::from_secs(600),
+            || {
+                let failed = run.failed_relay();
+                let reached = run.delivered() >= threshold;
+                async move { failed.map_or(Ok(reached), Err) }
+            },
+        )
+        .await?;
         let at = run.seconds();
         let (detail, workers_hit) = inject(&mut run, kind, &mut rng, &mut admin, &stall).await?;
         bound_workers += workers_hit;
-        let recovery = run.recovery(Duration::from_secs(120)).await;
+        let recovery = run.recovery(Duration::from_secs(120)).await?;
         println!(
             "  {at:7.1} s  {:<15} {detail}; flowing again after {}",
             kind.name(),
@@ -362,16 +410,25 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         });
     }
 
-    let drained = process::eventually(
+    let drained = wait::until_or_fail(
+        "every row is settled",
         Duration::from_secs(if cli.smoke { 120 } else { 1200 }),
         || {
+            let failed = run.failed_relay();
             let t = table.clone();
-            async move { db::pending(&mut db::connect().await, &t).await == 0 }
+            async move {
+                match failed {
+                    Some(error) => Err(error),
+                    None => Ok(db::pending(&mut db::connect().await, &t).await == 0),
+                }
+            }
         },
     )
     .await;
-    if !drained {
-        eprintln!("chaos: rows still pending after the drain timeout");
+    match drained {
+        Ok(()) => {}
+        Err(error) if error.is::<wait::TimedOut>() => eprintln!("chaos: {error}"),
+        Err(error) => return Err(error),
     }
     let mut exit_codes = Vec::new();
     for index in 0..run.relays.len() {
@@ -388,16 +445,26 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
                 .and_then(|s| s.code()),
         );
     }
-    // Let the consumer catch up, then stop it.
+    // Let the consumer catch up (every row recorded, nothing new for a moment), then stop it.
     let mut last = run.delivered();
-    let settle_start = Instant::now();
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = run.delivered();
-        if (now == last && now >= rows) || settle_start.elapsed() > Duration::from_secs(120) {
-            break;
-        }
-        last = now;
+    let settled = wait::until(
+        "the consumer has recorded every row",
+        Duration::from_secs(120),
+        || {
+            let now = run.delivered();
+            let settled = now == last && now >= rows;
+            last = now;
+            async move {
+                if !settled {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                settled
+            }
+        },
+    )
+    .await;
+    if let Err(error) = settled {
+        eprintln!("chaos: {error}");
     }
     signal(&consumer, libc::SIGTERM);
     let _ = consumer.wait().await;
