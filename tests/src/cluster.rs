@@ -206,6 +206,16 @@ pub fn install_chart(
     helm::install(plane, OPERATOR_NAME, namespace, &set)
 }
 
+/// `helm install` of the chart into `namespace` as the README's first command does: watching
+/// every namespace (a ClusterRole), with zero operator pods (the operator runs as a process).
+pub fn install_chart_cluster_wide(plane: &ControlPlane, namespace: &str) -> anyhow::Result<String> {
+    let set = [
+        format!("fullnameOverride={OPERATOR_NAME}"),
+        "replicaCount=0".to_string(),
+    ];
+    helm::install(plane, OPERATOR_NAME, namespace, &set)
+}
+
 /// Audit records of ServiceAccount `namespace/name` with response code 403.
 pub fn denials(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String> {
     plane

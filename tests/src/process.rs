@@ -29,9 +29,16 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// Where a process's stderr goes, so a failing test can show the relay's own words.
+/// The environment variable that moves [`log_path`]'s folder (`make cluster` keeps the logs of
+/// its operator and pods next to its other files).
+pub const LOG_DIR_ENV: &str = "OUTBOX_TEST_LOG_DIR";
+
+/// Where a process's stderr goes, so a failing test can show the relay's own words:
+/// `target/<profile>/test-logs/`, or the folder [`LOG_DIR_ENV`] names.
 pub fn log_path(name: &str) -> PathBuf {
-    let dir = target_dir().join("test-logs");
+    let dir = std::env::var_os(LOG_DIR_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("test-logs"));
     std::fs::create_dir_all(&dir).expect("log dir");
     dir.join(format!("{name}.log"))
 }
@@ -133,6 +140,27 @@ impl RelayProcess {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// Runs `command` (`kubectl apply -f -`, say) with `stdin` as its standard input, and returns
+/// its exit status, stdout and stderr.
+pub fn output_with_stdin(
+    command: &mut std::process::Command,
+    stdin: &str,
+) -> std::io::Result<std::process::Output> {
+    use std::io::Write as _;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Written from its own thread: a large input and a large output would block each other.
+    let mut input = child.stdin.take().expect("stdin is piped");
+    let stdin = stdin.to_string();
+    let writer = std::thread::spawn(move || input.write_all(stdin.as_bytes()));
+    let output = child.wait_with_output()?;
+    writer.join().expect("the stdin writer does not panic")?;
+    Ok(output)
 }
 
 /// Polls `check` every 100 ms until it returns true or the timeout passes.

@@ -4,8 +4,10 @@
 //! ServiceAccount tokens (TokenRequest) and an audit log of every ServiceAccount request.
 //!
 //! [`ControlPlane::shared`] gives the tests of one binary one control plane (each test uses
-//! its own namespace); [`ControlPlane::start`] gives a private one that stops when dropped.
-//! Either way its processes get SIGKILL when the test process exits (see [`spawn`]).
+//! its own namespace); [`ControlPlane::start`] gives a private one that stops when dropped;
+//! [`ControlPlane::start_in`] one whose files live in a folder of the caller's choice (for
+//! `make cluster`). Either way its processes get SIGKILL when the process that started them
+//! exits (see [`spawn`]).
 
 mod certs;
 mod kubeconfig;
@@ -72,6 +74,8 @@ pub struct ControlPlane {
     /// Whether dropping stops the processes (a private control plane) or not (the shared one,
     /// which lives in a static and dies with the process).
     owned: bool,
+    /// Whether dropping leaves the files (logs, certificates) for a look afterwards.
+    keep_dir: bool,
 }
 
 impl ControlPlane {
@@ -79,7 +83,9 @@ impl ControlPlane {
     pub fn shared() -> &'static ControlPlane {
         static SHARED: OnceLock<ControlPlane> = OnceLock::new();
         SHARED.get_or_init(|| {
-            let mut plane = Self::boot().unwrap_or_else(|error| panic!("{error:#}"));
+            let mut plane = fresh_dir()
+                .and_then(|dir| Self::boot(dir, false))
+                .unwrap_or_else(|error| panic!("{error:#}"));
             plane.owned = false;
             plane
         })
@@ -87,12 +93,25 @@ impl ControlPlane {
 
     /// A control plane of one's own, stopped (and its directory removed) when dropped.
     pub fn start() -> anyhow::Result<ControlPlane> {
-        Self::boot()
+        Self::boot(fresh_dir()?, false)
     }
 
-    fn boot() -> anyhow::Result<ControlPlane> {
+    /// A control plane of one's own with its files in `dir`, which is emptied first (a stable
+    /// place for its kubeconfig and logs, as `make cluster` needs). Stopped when dropped; the
+    /// files stay, for a look at the logs afterwards.
+    pub fn start_in(dir: &Path) -> anyhow::Result<ControlPlane> {
+        match std::fs::remove_dir_all(dir) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(error).with_context(|| format!("empty {}", dir.display()));
+            }
+            _ => {}
+        }
+        std::fs::create_dir_all(dir)?;
+        Self::boot(std::path::absolute(dir)?, true)
+    }
+
+    fn boot(dir: PathBuf, keep_dir: bool) -> anyhow::Result<ControlPlane> {
         let bin = binaries()?;
-        let dir = fresh_dir()?;
         let certs = certs::write(&dir)?;
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
@@ -114,6 +133,7 @@ impl ControlPlane {
             audit_log,
             components: Mutex::new(Vec::new()),
             owned: true,
+            keep_dir,
         };
 
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
@@ -385,7 +405,9 @@ impl Drop for ControlPlane {
                 let _ = component.child.wait();
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! need it, with each container run as a local process of the binaries built next to the tests.
 //!
 //! - It registers a Node (Ready) and binds the namespace's unscheduled Pods to it through the
-//!   `pods/binding` subresource, as kube-scheduler would (there is one node per test namespace).
+//!   `pods/binding` subresource, as kube-scheduler would (there is one node per test namespace;
+//!   `make cluster` runs one node for every namespace, [`NodeAgent::start_all_namespaces`]).
 //! - It runs each Pod's first container: command and args as the pod spec says (the image's
 //!   `/usr/local/bin/outbox-relay` is the release build), env resolved from values, Secrets and
 //!   fields, declared ports mapped to free loopback ports (pods share the host's network).
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -96,9 +97,28 @@ impl NodeAgent {
         namespace: &str,
         config: NodeAgentConfig,
     ) -> anyhow::Result<Self> {
-        let node = format!("agent-{namespace}");
+        let pods = Api::namespaced(client.clone(), namespace);
+        Self::start_watching(client, pods, format!("agent-{namespace}"), config).await
+    }
+
+    /// Registers node `node` and starts running the pods of every namespace: the one node of
+    /// a local cluster, where users create OutboxRelays wherever they like.
+    pub async fn start_all_namespaces(
+        client: Client,
+        node: &str,
+        config: NodeAgentConfig,
+    ) -> anyhow::Result<Self> {
+        Self::start_watching(client.clone(), Api::all(client), node.to_string(), config).await
+    }
+
+    /// Runs the pods `pods` lists (one namespace's or all).
+    async fn start_watching(
+        client: Client,
+        pods: Api<Pod>,
+        node: String,
+        config: NodeAgentConfig,
+    ) -> anyhow::Result<Self> {
         register_node(&client, &node).await?;
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let (store, writer) = reflector::store();
         let changed = Arc::new(Notify::new());
         let notify = changed.clone();
@@ -117,8 +137,7 @@ impl NodeAgent {
         let started = Instant::now();
         let agent = Agent {
             node: node.clone(),
-            pods,
-            secrets: Api::namespaced(client.clone(), namespace),
+            client: client.clone(),
             store,
             config,
             shared: shared.clone(),
@@ -258,8 +277,8 @@ struct PodRun {
 
 struct Agent {
     node: String,
-    pods: Api<Pod>,
-    secrets: Api<Secret>,
+    /// For the pods' and Secrets' APIs in each pod's own namespace.
+    client: Client,
     store: Store<Pod>,
     config: NodeAgentConfig,
     shared: Arc<Mutex<Shared>>,
@@ -312,8 +331,12 @@ impl Agent {
         let Some(uid) = pod.uid() else {
             return Ok(());
         };
+        let namespace = pod.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         match spec.node_name.as_deref() {
-            None if pod.metadata.deletion_timestamp.is_none() => return self.bind(&name).await,
+            None if pod.metadata.deletion_timestamp.is_none() => {
+                return self.bind(&pods, &name).await;
+            }
             Some(node) if node == self.node => {}
             _ => return Ok(()),
         }
@@ -355,7 +378,7 @@ impl Agent {
                     .unwrap_or(30)
                     .max(0) as u64;
                 let process = run.process.take();
-                let pods = self.pods.clone();
+                let pods = pods.clone();
                 terminations.push(tokio::spawn(async move {
                     if let Some(process) = process {
                         container::terminate(process.child, Duration::from_secs(grace)).await;
@@ -403,7 +426,7 @@ impl Agent {
             match env::resolve(
                 container.env.as_deref().unwrap_or_default(),
                 pod,
-                &self.secrets,
+                &Api::namespaced(self.client.clone(), &namespace),
             )
             .await
             {
@@ -473,33 +496,31 @@ impl Agent {
             start_time: run.start_time,
         });
         if run.written.as_ref() != Some(&status) {
-            self.pods
-                .patch_status(
-                    &run.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "status": status })),
-                )
-                .await?;
+            pods.patch_status(
+                &run.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await?;
             run.written = Some(status);
         }
         Ok(())
     }
 
-    async fn bind(&self, pod: &str) -> anyhow::Result<()> {
+    async fn bind(&self, pods: &Api<Pod>, pod: &str) -> anyhow::Result<()> {
         let binding = json!({
             "apiVersion": "v1",
             "kind": "Binding",
             "metadata": {"name": pod},
             "target": {"apiVersion": "v1", "kind": "Node", "name": self.node},
         });
-        self.pods
-            .create_subresource::<_, serde_json::Value>(
-                "binding",
-                pod,
-                &PostParams::default(),
-                &binding,
-            )
-            .await?;
+        pods.create_subresource::<_, serde_json::Value>(
+            "binding",
+            pod,
+            &PostParams::default(),
+            &binding,
+        )
+        .await?;
         Ok(())
     }
 
