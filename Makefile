@@ -8,7 +8,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: all build release demo test test-rust lint services control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt
+.PHONY: all build release demo test test-rust lint services control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
 
 all: build
 
@@ -70,6 +70,25 @@ chaos-smoke: services
 
 e2e-cluster:
 	./scripts/e2e-cluster.sh
+
+# make cluster's files (kubeconfig, pid, logs, the control plane's state); OUTBOX_CLUSTER_DIR
+# moves them, so a second cluster (a test's) leaves the first alone.
+CLUSTER_DIR := $(or $(OUTBOX_CLUSTER_DIR),$(CACHE)/cluster)
+# CLUSTER_BIN=<path of an outbox-cluster> runs that build (and the outbox-relay and
+# outbox-operator next to it) without building anything; by default the release build.
+CLUSTER_BIN ?=
+
+## cluster: a local control plane with the operator installed, in the background; prints
+## KUBECONFIG=… and where kubectl and helm are. cluster-down stops it.
+cluster: control-plane services $(if $(CLUSTER_BIN),,cluster-release)
+	@CLUSTER_DIR='$(CLUSTER_DIR)' CLUSTER_BIN='$(or $(CLUSTER_BIN),$(TARGET_DIR)/release/outbox-cluster)' \
+		./scripts/cluster.sh up
+
+cluster-down:
+	@CLUSTER_DIR='$(CLUSTER_DIR)' ./scripts/cluster.sh down
+
+cluster-release:
+	$(CARGO) build --release -p outbox-relay -p outbox-operator -p outbox-tests --bins
 
 image:
 	./scripts/image.sh
