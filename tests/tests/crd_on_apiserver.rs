@@ -2,13 +2,11 @@
 //! their cost budget), documented for `kubectl explain`, the samples apply, and every kind of
 //! bad OutboxRelay is refused by the server with a message that names the field.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use outbox_tests::control_plane::ControlPlane;
-use outbox_tests::unique;
+use outbox_tests::{process, unique};
 
 fn repo(path: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
@@ -37,21 +35,9 @@ fn plane_with_crd() -> &'static ControlPlane {
 
 /// `kubectl apply --validate=strict -f -` of `manifest` in `namespace`: (ok, stdout+stderr).
 fn apply(plane: &ControlPlane, namespace: &str, manifest: &str) -> (bool, String) {
-    let mut child = plane
-        .kubectl()
-        .args(["apply", "--validate=strict", "-n", namespace, "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run kubectl");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(manifest.as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
+    let mut command = plane.kubectl();
+    command.args(["apply", "--validate=strict", "-n", namespace, "-f", "-"]);
+    let output = process::output_with_stdin(&mut command, manifest).expect("run kubectl");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

@@ -3,9 +3,7 @@
 //! against a sample from `config/samples/` whose URLs point at the local PostgreSQL and
 //! RabbitMQ.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use lapin::ExchangeKind;
@@ -56,30 +54,16 @@ impl User<'_> {
     }
 
     fn apply(&self, manifest: &str) -> String {
-        let mut child = self
-            .cluster
-            .plane
-            .kubectl()
-            .args([
-                "apply",
-                "--validate=strict",
-                "-n",
-                &self.cluster.namespace,
-                "-f",
-                "-",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(manifest.as_bytes())
-            .unwrap();
-        let output = child.wait_with_output().unwrap();
+        let mut command = self.cluster.plane.kubectl();
+        command.args([
+            "apply",
+            "--validate=strict",
+            "-n",
+            &self.cluster.namespace,
+            "-f",
+            "-",
+        ]);
+        let output = process::output_with_stdin(&mut command, manifest).unwrap();
         assert!(
             output.status.success(),
             "kubectl apply failed: {}",

@@ -13,7 +13,8 @@ use kube::Api;
 use kube::api::PostParams;
 use outbox_operator::OutboxRelay;
 use outbox_tests::cluster::{
-    OPERATOR_NAME, OperatorProcess, create_connection_secrets, denials, install_chart, relay_spec,
+    OPERATOR_NAME, OperatorProcess, create_connection_secrets, denials, install_chart,
+    install_chart_cluster_wide, relay_spec,
 };
 use outbox_tests::control_plane::ControlPlane;
 use outbox_tests::{db, helm, process, unique};
@@ -61,11 +62,7 @@ async fn cluster_wide_install_reconciles_every_namespace_upgrades_and_uninstalls
     let release = OPERATOR_NAME;
     let chart = helm::chart_dir();
     let chart = chart.to_str().unwrap();
-    let set = [
-        format!("fullnameOverride={OPERATOR_NAME}"),
-        "replicaCount=0".to_string(),
-    ];
-    helm::install(&plane, release, &system, &set).expect("helm install, cluster-wide");
+    install_chart_cluster_wide(&plane, &system).expect("helm install, cluster-wide");
     let roles = plane
         .kubectl_ok(&["get", "clusterrole,clusterrolebinding", "-o", "name"])
         .unwrap();

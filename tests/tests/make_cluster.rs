@@ -281,3 +281,40 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
     consumer.close().await;
     let _ = std::fs::remove_dir_all(&dir.0);
 }
+
+/// The guarantee behind every test harness here: what a process starts (control plane, node
+/// agent, operator, relays) dies with it, even when it is killed without a chance to clean up
+/// (PR_SET_PDEATHSIG on every child).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_cluster_process_takes_everything_it_started_with_it() {
+    let dir = ClusterDir(std::env::temp_dir().join(unique("outbox-cluster-kill")));
+    let (ok, stdout, stderr) = make("cluster", &dir.0).await;
+    assert!(ok, "make cluster failed:\n{stdout}\n{stderr}");
+    let cluster = dir
+        .pid()
+        .expect("the cluster's pid file names a live process");
+    let tree = descendants(cluster.pid);
+    for program in [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "outbox-operator",
+    ] {
+        assert!(
+            tree.iter().any(|p| p.program == program),
+            "no {program} under outbox-cluster: {tree:?}"
+        );
+    }
+    // SAFETY: kill(2) on the pid the cluster wrote, read back as outbox-cluster above.
+    unsafe { libc::kill(cluster.pid as i32, libc::SIGKILL) };
+    let gone = process::eventually(Duration::from_secs(10), || async {
+        tree.iter().all(|p| !p.still_there())
+    })
+    .await;
+    let left: Vec<&Proc> = tree.iter().filter(|p| p.still_there()).collect();
+    assert!(
+        gone,
+        "left running after kill -9 of outbox-cluster: {left:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir.0);
+}
