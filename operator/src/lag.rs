@@ -7,10 +7,10 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use outbox_relay::inspect::inspect;
-use outbox_relay::reports::{DEFAULT_BACKLOG_CAP, measure_backlog, read_reports, summarize};
 use outbox_relay::secret_url::SecretUrl;
-use outbox_relay::sql::Statements;
+use outbox_relay::table::inspect::inspect;
+use outbox_relay::table::reports::{DEFAULT_BACKLOG_CAP, measure_backlog, read_reports, summarize};
+use outbox_relay::table::sql::Statements;
 use sqlx::Connection;
 
 use crate::error::Error;

@@ -6,8 +6,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use outbox_relay::ident::{Ident, TableName};
-use outbox_relay::migrate::MigrationOptions;
+use outbox_relay::table::ident::{Ident, TableName};
+use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::table::{Columns, DeliveryMode as TableDeliveryMode, OutboxTable};
 
 use crate::crd::{DeliveryMode, OutboxRelaySpec, ScalingRules, ScalingSpec};

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use crate::inspect::{PayloadKind, TableShape};
-use crate::table::{DeliveryMode, OutboxTable};
+use crate::table::inspect::{PayloadKind, TableShape};
+use crate::table::outbox::{DeliveryMode, OutboxTable};
 
 /// The statements one worker runs, prepared as text at start.
 #[derive(Debug, Clone)]
@@ -164,7 +164,7 @@ impl Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ident::{Ident, TableName};
+    use crate::table::ident::{Ident, TableName};
 
     fn table() -> OutboxTable {
         OutboxTable::new(TableName::parse("app.outbox").unwrap())

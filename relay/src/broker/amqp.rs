@@ -1,78 +1,21 @@
-//! Publishing a batch and awaiting its confirms, behind a small trait so another broker can be
-//! added without touching the claim loop. RabbitMQ through lapin is the one implemented.
+//! The RabbitMQ publisher (AMQP 0-9-1, through lapin): one connection and one confirm channel.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+use lapin::types::{FieldTable, ShortString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
     PublisherConfirm,
 };
 
-use crate::config::ExchangeType;
-use uuid::Uuid;
-
+use super::routing::ExchangeType;
+use super::{BatchOutcome, Delivery, Message, Publisher, Target};
 use crate::metrics::FailureReason;
-
-/// One message ready to go out; borrowed from the claimed row, so nothing is copied twice.
-#[derive(Debug, Clone)]
-pub struct Message<'a> {
-    pub id: Uuid,
-    pub kind: &'a str,
-    pub routing_key: &'a str,
-    pub payload: &'a [u8],
-    /// Seconds since the epoch (AMQP timestamp).
-    pub timestamp: Option<u64>,
-    pub headers: Option<FieldTable>,
-}
-
-/// Which exchange a batch goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    Main,
-    DeadLetter,
-}
-
-/// What became of one published message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Delivery {
-    /// The broker confirmed it (or confirms are off and it was written to the socket).
-    Confirmed,
-    /// The broker refused it: spends an attempt.
-    Rejected {
-        reason: FailureReason,
-        detail: String,
-    },
-    /// The connection failed or no confirm arrived in time: nothing is known, the row stays
-    /// pending and no attempt is spent.
-    Unknown { reason: FailureReason },
-}
-
-/// The deliveries of one batch, in the order of the messages, and whether the connection must
-/// be replaced before the next batch.
-#[derive(Debug)]
-pub struct BatchOutcome {
-    pub deliveries: Vec<Delivery>,
-    pub broken: Option<String>,
-    /// Time spent handing the messages to the connection, before waiting for confirms.
-    pub publish_time: Duration,
-}
-
-pub trait Publisher: Send {
-    /// Publishes every message pipelined, then awaits every confirm within the timeout.
-    fn publish_batch(
-        &mut self,
-        target: Target,
-        messages: &[Message<'_>],
-    ) -> impl Future<Output = BatchOutcome> + Send;
-    /// Cheap check that the connection is usable, for readiness.
-    fn is_connected(&self) -> bool;
-}
+use crate::secret_url::SecretUrl;
 
 /// What became of one publish before returned messages are matched up.
 enum Settled {
@@ -92,7 +35,7 @@ pub struct AmqpSettings {
     pub timeout: Duration,
     pub content_type: String,
     pub connection_name: String,
-    pub declare_exchange: Option<crate::config::ExchangeType>,
+    pub declare_exchange: Option<ExchangeType>,
 }
 
 /// RabbitMQ publisher: one connection and one confirm channel.
@@ -106,10 +49,7 @@ pub struct AmqpPublisher {
 }
 
 impl AmqpPublisher {
-    pub async fn connect(
-        url: &crate::secret_url::SecretUrl,
-        settings: AmqpSettings,
-    ) -> Result<Self, lapin::Error> {
+    pub async fn connect(url: &SecretUrl, settings: AmqpSettings) -> Result<Self, lapin::Error> {
         let properties = ConnectionProperties::default()
             .with_connection_name(settings.connection_name.clone().into());
         let connection = Connection::connect(url.expose(), properties).await?;
@@ -329,106 +269,4 @@ async fn ensure_exchange(
     channel
         .exchange_declare(name.into(), kind, options, FieldTable::default())
         .await
-}
-
-/// Why a headers value cannot become AMQP headers.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HeadersError {
-    #[error("headers must be a JSON object, got {0}")]
-    NotAnObject(&'static str),
-    #[error("header name {0:?} is longer than 255 bytes")]
-    KeyTooLong(String),
-}
-
-fn json_kind(value: &serde_json::Value) -> &'static str {
-    match value {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
-}
-
-/// Converts a JSON object into an AMQP field table (nested objects and arrays included).
-pub fn headers_from_json(value: &serde_json::Value) -> Result<FieldTable, HeadersError> {
-    let serde_json::Value::Object(map) = value else {
-        return Err(HeadersError::NotAnObject(json_kind(value)));
-    };
-    let mut table = FieldTable::default();
-    for (key, value) in map {
-        if key.len() > 255 {
-            return Err(HeadersError::KeyTooLong(key.chars().take(40).collect()));
-        }
-        table.insert(key.as_str().into(), amqp_value(value)?);
-    }
-    Ok(table)
-}
-
-fn amqp_value(value: &serde_json::Value) -> Result<AMQPValue, HeadersError> {
-    Ok(match value {
-        serde_json::Value::Null => AMQPValue::Void,
-        serde_json::Value::Bool(b) => AMQPValue::Boolean(*b),
-        serde_json::Value::Number(n) => match n.as_i64() {
-            Some(i) => AMQPValue::LongLongInt(i),
-            None => AMQPValue::Double(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        serde_json::Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
-        serde_json::Value::Array(items) => AMQPValue::FieldArray(FieldArray::from(
-            items
-                .iter()
-                .map(amqp_value)
-                .collect::<Result<Vec<_>, _>>()?,
-        )),
-        serde_json::Value::Object(_) => AMQPValue::FieldTable(headers_from_json(value)?),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn json_objects_become_field_tables() {
-        let table = headers_from_json(
-            &json!({"tenant": "a", "n": 3, "ok": true, "tags": ["x"], "nested": {"k": 1.5}}),
-        )
-        .unwrap();
-        let inner = table.inner();
-        assert_eq!(
-            inner.get(&ShortString::from("n")),
-            Some(&AMQPValue::LongLongInt(3))
-        );
-        assert_eq!(
-            inner.get(&ShortString::from("ok")),
-            Some(&AMQPValue::Boolean(true))
-        );
-        assert!(matches!(
-            inner.get(&ShortString::from("nested")),
-            Some(AMQPValue::FieldTable(_))
-        ));
-        assert!(matches!(
-            inner.get(&ShortString::from("tags")),
-            Some(AMQPValue::FieldArray(_))
-        ));
-    }
-
-    #[test]
-    fn other_json_is_refused() {
-        assert_eq!(
-            headers_from_json(&json!([1, 2])),
-            Err(HeadersError::NotAnObject("an array"))
-        );
-        assert_eq!(
-            headers_from_json(&json!("x")),
-            Err(HeadersError::NotAnObject("a string"))
-        );
-        let long = "k".repeat(300);
-        assert!(matches!(
-            headers_from_json(&json!({ long: 1 })),
-            Err(HeadersError::KeyTooLong(_))
-        ));
-    }
 }

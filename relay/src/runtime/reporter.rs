@@ -10,13 +10,13 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::ident::TableName;
 use crate::metrics::Metrics;
-use crate::reports::{
+use crate::secret_url::SecretUrl;
+use crate::table::ident::TableName;
+use crate::table::reports::{
     Backlog, DEFAULT_BACKLOG_CAP, Report, measure_backlog, measurer_lock_key, upsert_report,
 };
-use crate::secret_url::SecretUrl;
-use crate::sql::Statements;
+use crate::table::sql::Statements;
 
 pub struct ReporterContext {
     pub database_url: SecretUrl,
@@ -57,7 +57,7 @@ pub async fn run_reporter(ctx: ReporterContext) {
         (last_total, last_at) = (total, Instant::now());
 
         if session.is_none() {
-            match crate::database::connect(&ctx.database_url).await {
+            match crate::table::connect::connect(&ctx.database_url).await {
                 Ok(conn) => {
                     session = Some(Session {
                         conn,

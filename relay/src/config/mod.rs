@@ -6,14 +6,11 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use crate::ident::{Ident, TableName};
+use crate::broker::routing::{ExchangeType, RoutingKey};
+use crate::defaults::{AMQP_SHORT_STRING_MAX, MAX_BATCH_SIZE, MAX_WORKERS};
 use crate::secret_url::{SecretUrl, UrlKind};
-use crate::table::{Columns, DeliveryMode, OutboxTable};
-
-/// AMQP short strings (type, message_id, routing key, exchange) are limited to 255 bytes.
-pub const AMQP_SHORT_STRING_MAX: usize = 255;
-pub const MAX_BATCH_SIZE: i64 = 10_000;
-pub const MAX_WORKERS: i64 = 256;
+use crate::table::ident::{Ident, TableName};
+use crate::table::outbox::{Columns, DeliveryMode, OutboxTable};
 
 /// A configuration value that cannot be used. `field` is the flag name without dashes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,38 +34,6 @@ pub enum LogFormat {
     #[default]
     Text,
     Json,
-}
-
-/// Exchange types the relay can declare.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExchangeType {
-    Fanout,
-    Topic,
-    Direct,
-    Headers,
-}
-
-impl ExchangeType {
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "fanout" => Some(Self::Fanout),
-            "topic" => Some(Self::Topic),
-            "direct" => Some(Self::Direct),
-            "headers" => Some(Self::Headers),
-            _ => None,
-        }
-    }
-}
-
-/// Where the routing key of a message comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RoutingKey {
-    /// The row's type (the default: consumers bind queues by message type).
-    Type,
-    /// The mapped routing-key column; rows where it is NULL fall back to the type.
-    Column,
-    /// One routing key for every message.
-    Static(String),
 }
 
 /// Options shared by every subcommand that touches the outbox table. Each is also read from

@@ -1,7 +1,10 @@
 //! The shape of an outbox table: its name, the column mapping and the delivery mode.
 //! Shared by the relay, the migration and the operator, so the table is described once.
 
-use crate::ident::{Ident, TableName};
+use crate::table::ident::{Ident, TableName};
+
+/// The lag-report table, next to every outbox table in its schema.
+pub const REPORTS_TABLE: &str = "outbox_relay_reports";
 
 /// What happens to a row once the broker confirmed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -107,7 +110,7 @@ impl OutboxTable {
     pub fn reports_table(&self) -> TableName {
         TableName {
             schema: self.name.schema.clone(),
-            table: Ident::new(crate::reports::REPORTS_TABLE).expect("constant is valid"),
+            table: Ident::new(REPORTS_TABLE).expect("constant is valid"),
         }
     }
 }

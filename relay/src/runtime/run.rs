@@ -9,16 +9,16 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::backoff::Backoff;
-use crate::batch::BatchSettings;
+use crate::broker::amqp::AmqpSettings;
 use crate::config::RelayConfig;
-use crate::inspect::{InspectError, TableShape, inspect};
 use crate::metrics::Metrics;
-use crate::migrate::notify_channel;
-use crate::publisher::AmqpSettings;
-use crate::reporter::{ReporterContext, run_reporter};
-use crate::sql::Statements;
-use crate::worker::{WorkerContext, run_worker};
+use crate::protocol::batch::BatchSettings;
+use crate::runtime::backoff::Backoff;
+use crate::runtime::reporter::{ReporterContext, run_reporter};
+use crate::runtime::worker::{WorkerContext, run_worker};
+use crate::table::inspect::{InspectError, TableShape, inspect};
+use crate::table::migrate::notify_channel;
+use crate::table::sql::Statements;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -50,7 +50,7 @@ async fn inspect_with_retry(
     let mut backoff = Backoff::default();
     loop {
         let attempt = async {
-            let mut conn = crate::database::connect(&config.db.database_url)
+            let mut conn = crate::table::connect::connect(&config.db.database_url)
                 .await
                 .map_err(InspectError::Database)?;
             let shape = inspect(&mut conn, &config.db.table).await;
@@ -89,7 +89,7 @@ pub async fn run(
         );
     }
     let http_stop = CancellationToken::new();
-    let http = crate::http::serve(config.metrics_addr, metrics.clone(), http_stop.clone())
+    let http = crate::runtime::http::serve(config.metrics_addr, metrics.clone(), http_stop.clone())
         .await
         .map_err(|source| RunError::Bind {
             addr: config.metrics_addr,
@@ -101,7 +101,7 @@ pub async fn run(
         return Ok(());
     };
     if !shape.server_autovacuum {
-        warn!("{}", crate::migrate::AUTOVACUUM_OFF_WARNING);
+        warn!("{}", crate::table::migrate::AUTOVACUUM_OFF_WARNING);
     }
     let statements = Arc::new(Statements::for_shape(&config.db.table, &shape));
     let published_total = Arc::new(AtomicU64::new(0));
@@ -148,7 +148,7 @@ pub async fn run(
 
     let background_stop = CancellationToken::new();
     let listener = config.listen.then(|| {
-        tokio::spawn(crate::listener::run_listener(
+        tokio::spawn(crate::runtime::listener::run_listener(
             config.db.database_url.clone(),
             notify_channel(&config.db.table),
             wake_tx.clone(),

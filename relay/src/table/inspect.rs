@@ -3,7 +3,7 @@
 
 use sqlx::PgConnection;
 
-use crate::table::OutboxTable;
+use crate::table::outbox::OutboxTable;
 
 /// How the payload column is read and which content type it implies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,13 +11,14 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::backoff::Backoff;
-use crate::batch::{BatchError, BatchSettings, run_batch};
-use crate::claim_cursor::ClaimCursor;
+use crate::broker::Publisher;
+use crate::broker::amqp::{AmqpPublisher, AmqpSettings};
 use crate::metrics::Metrics;
-use crate::publisher::{AmqpPublisher, AmqpSettings, Publisher};
+use crate::protocol::batch::{BatchError, BatchSettings, run_batch};
+use crate::protocol::cursor::ClaimCursor;
+use crate::runtime::backoff::Backoff;
 use crate::secret_url::SecretUrl;
-use crate::sql::Statements;
+use crate::table::sql::Statements;
 
 /// What every worker of a process shares.
 #[derive(Clone)]
@@ -76,7 +77,7 @@ pub async fn run_worker(ctx: WorkerContext, worker: usize) {
 
     while !ctx.shutdown.is_cancelled() {
         if db.is_none() {
-            match crate::database::connect(&ctx.database_url).await {
+            match crate::table::connect::connect(&ctx.database_url).await {
                 Ok(conn) => {
                     if db_backoff.failures() > 0 {
                         info!(worker, "reconnected to PostgreSQL");

@@ -1,0 +1,34 @@
+//! Where messages go: the exchange type the relay may declare and where a routing key comes
+//! from.
+
+/// Exchange types the relay can declare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExchangeType {
+    Fanout,
+    Topic,
+    Direct,
+    Headers,
+}
+
+impl ExchangeType {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "fanout" => Some(Self::Fanout),
+            "topic" => Some(Self::Topic),
+            "direct" => Some(Self::Direct),
+            "headers" => Some(Self::Headers),
+            _ => None,
+        }
+    }
+}
+
+/// Where the routing key of a message comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoutingKey {
+    /// The row's type (the default: consumers bind queues by message type).
+    Type,
+    /// The mapped routing-key column; rows where it is NULL fall back to the type.
+    Column,
+    /// One routing key for every message.
+    Static(String),
+}
