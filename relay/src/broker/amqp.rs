@@ -1,20 +1,24 @@
 //! The RabbitMQ publisher (AMQP 0-9-1, through lapin): one connection and one confirm channel.
 
 use std::collections::HashMap;
+use std::fmt::Display;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::types::{FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
     PublisherConfirm,
 };
 
 use super::routing::ExchangeType;
-use super::{BatchOutcome, Delivery, Message, Publisher, Target};
-use crate::metrics::FailureReason;
+use super::{
+    BatchOutcome, BrokerFailure, Connector, Delivery, Message, Publisher, Rejection, Target,
+    Unconfirmed,
+};
 use crate::secret_url::SecretUrl;
 
 /// What became of one publish before returned messages are matched up.
@@ -36,6 +40,26 @@ pub struct AmqpSettings {
     pub content_type: String,
     pub connection_name: String,
     pub declare_exchange: Option<ExchangeType>,
+}
+
+/// Opens [`AmqpPublisher`]s: the URL and the settings every worker of a process shares.
+#[derive(Debug, Clone)]
+pub struct AmqpConnector {
+    pub url: SecretUrl,
+    pub settings: AmqpSettings,
+}
+
+impl Connector for AmqpConnector {
+    type Publisher = AmqpPublisher;
+    type Error = lapin::Error;
+
+    async fn connect(&self) -> Result<AmqpPublisher, lapin::Error> {
+        AmqpPublisher::connect(&self.url, self.settings.clone()).await
+    }
+
+    fn endpoint(&self) -> &(dyn Display + Sync) {
+        &self.url
+    }
 }
 
 /// RabbitMQ publisher: one connection and one confirm channel.
@@ -83,17 +107,16 @@ impl AmqpPublisher {
         if let Some(ts) = message.timestamp {
             properties = properties.with_timestamp(ts);
         }
-        if let Some(headers) = message.headers.clone() {
+        let mut headers = message.headers.map(field_table);
+        if let Some(error) = message.error {
+            headers
+                .get_or_insert_default()
+                .insert("x-outbox-error".into(), AMQPValue::LongString(error.into()));
+        }
+        if let Some(headers) = headers {
             properties = properties.with_headers(headers);
         }
         properties
-    }
-
-    pub async fn close(&self) {
-        let _ = self
-            .connection
-            .close(200, "relay shutting down".into())
-            .await;
     }
 }
 
@@ -132,7 +155,7 @@ impl Publisher for AmqpPublisher {
             .map(|published| match published {
                 Ok(confirm) => Some(confirm),
                 Err(e) => {
-                    broken.get_or_insert_with(|| format!("publish failed: {e}"));
+                    broken.get_or_insert_with(|| BrokerFailure::Publish(Arc::new(e)));
                     None
                 }
             })
@@ -181,47 +204,37 @@ impl Publisher for AmqpPublisher {
         for (message, outcome) in messages.iter().zip(settled) {
             let done = match outcome {
                 Settled::NotSent => {
-                    deliveries.push(Delivery::Unknown {
-                        reason: FailureReason::BrokerUnavailable,
-                    });
+                    deliveries.push(Delivery::Unknown(Unconfirmed::BrokerUnavailable));
                     continue;
                 }
                 Settled::TimedOut => {
-                    deliveries.push(Delivery::Unknown {
-                        reason: FailureReason::Timeout,
-                    });
+                    deliveries.push(Delivery::Unknown(Unconfirmed::Timeout));
                     continue;
                 }
                 Settled::Done(done) => *done,
             };
             deliveries.push(match done {
-                Ok(Confirmation::Nack(_)) => Delivery::Rejected {
-                    reason: FailureReason::Nack,
-                    detail: "negatively acknowledged (basic.nack) by the broker".into(),
-                },
+                Ok(Confirmation::Nack(_)) => Delivery::Rejected(Rejection::Nack),
                 Ok(Confirmation::Ack(_) | Confirmation::NotRequested) => {
                     let came_back = (!returned.is_empty())
                         .then(|| returned.get(&message.id.to_string()))
                         .flatten();
                     match came_back {
-                        Some(reply) => Delivery::Rejected {
-                            reason: FailureReason::Unroutable,
-                            detail: format!("returned by the broker as unroutable: {reply}"),
-                        },
+                        Some(reply) => Delivery::Rejected(Rejection::Unroutable {
+                            reply: reply.clone(),
+                        }),
                         None => Delivery::Confirmed,
                     }
                 }
                 Err(e) => {
-                    broken.get_or_insert_with(|| format!("confirm failed: {e}"));
-                    Delivery::Unknown {
-                        reason: FailureReason::BrokerUnavailable,
-                    }
+                    broken.get_or_insert_with(|| BrokerFailure::Confirm(Arc::new(e)));
+                    Delivery::Unknown(Unconfirmed::BrokerUnavailable)
                 }
             });
         }
         if timed_out {
             // A late confirm on this channel would be ambiguous; start over on a fresh one.
-            broken.get_or_insert_with(|| format!("no confirm within {:?}", self.settings.timeout));
+            broken.get_or_insert(BrokerFailure::ConfirmTimeout(self.settings.timeout));
         }
         BatchOutcome {
             deliveries,
@@ -232,6 +245,13 @@ impl Publisher for AmqpPublisher {
 
     fn is_connected(&self) -> bool {
         self.connection.status().connected() && self.channel.status().connected()
+    }
+
+    async fn close(self) {
+        let _ = self
+            .connection
+            .close(200, "relay shutting down".into())
+            .await;
     }
 }
 
@@ -269,4 +289,60 @@ async fn ensure_exchange(
     channel
         .exchange_declare(name.into(), kind, options, FieldTable::default())
         .await
+}
+
+/// A JSON object as an AMQP field table, nested objects and arrays included. The names were
+/// checked when the row became a message ([`super::headers::check`]), so nothing can fail here.
+fn field_table(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in map {
+        table.insert(key.as_str().into(), amqp_value(value));
+    }
+    table
+}
+
+fn amqp_value(value: &serde_json::Value) -> AMQPValue {
+    match value {
+        serde_json::Value::Null => AMQPValue::Void,
+        serde_json::Value::Bool(b) => AMQPValue::Boolean(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => AMQPValue::LongLongInt(i),
+            None => AMQPValue::Double(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
+        serde_json::Value::Array(items) => AMQPValue::FieldArray(FieldArray::from(
+            items.iter().map(amqp_value).collect::<Vec<_>>(),
+        )),
+        serde_json::Value::Object(map) => AMQPValue::FieldTable(field_table(map)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn json_objects_become_field_tables() {
+        let value = json!({"tenant": "a", "n": 3, "ok": true, "tags": ["x"], "nested": {"k": 1.5}});
+        let map = super::super::headers::check(Some(&value)).unwrap().unwrap();
+        let table = field_table(map);
+        let inner = table.inner();
+        assert_eq!(
+            inner.get(&ShortString::from("n")),
+            Some(&AMQPValue::LongLongInt(3))
+        );
+        assert_eq!(
+            inner.get(&ShortString::from("ok")),
+            Some(&AMQPValue::Boolean(true))
+        );
+        assert!(matches!(
+            inner.get(&ShortString::from("nested")),
+            Some(AMQPValue::FieldTable(_))
+        ));
+        assert!(matches!(
+            inner.get(&ShortString::from("tags")),
+            Some(AMQPValue::FieldArray(_))
+        ));
+    }
 }

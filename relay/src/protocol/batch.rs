@@ -9,11 +9,13 @@ use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::Semaphore;
 
-use super::claim::{ClaimStart, ClaimedRow, claim_query, decode};
-use super::message::{dead_letter, to_message};
-use super::settle::{RowOutcome, SettleCounts, settle_query};
+use super::claim::{ClaimStart, ClaimedRow, claim_query, decode_all};
+use super::message::{Malformed, dead_letter, to_message};
+use super::settle::{RowError, RowOutcome, SettleCounts, settle_query};
 use crate::broker::routing::RoutingKey;
-use crate::broker::{BatchOutcome, Delivery, Message, Publisher, Target};
+use crate::broker::{
+    BatchOutcome, BrokerFailure, Delivery, Message, Publisher, Rejection, Target, Unconfirmed,
+};
 use crate::metrics::{FailureReason, Metrics, Stage};
 use crate::table::sql::Statements;
 
@@ -33,7 +35,7 @@ pub struct BatchSettings {
     pub publish_slots: Option<Arc<Semaphore>>,
 }
 
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone)]
 pub struct BatchReport {
     pub claimed: usize,
     pub published: usize,
@@ -41,7 +43,7 @@ pub struct BatchReport {
     pub dead_lettered: usize,
     pub untouched: usize,
     /// Set when the broker connection must be replaced before the next batch.
-    pub broker_broken: Option<String>,
+    pub broker_broken: Option<BrokerFailure>,
     /// The claim position (occurred-at) of the batch's first row, where nothing before it was
     /// pending for this worker; None when that row has no occurred-at.
     pub first_claimed: Option<DateTime<Utc>>,
@@ -96,17 +98,35 @@ async fn timed<T>(
 }
 
 /// Decides a row's fate after a broker refusal: retry while attempts remain.
-fn after_rejection(row: &ClaimedRow, detail: String, settings: &BatchSettings) -> RowOutcome {
+fn after_rejection(row: &ClaimedRow, rejection: Rejection, settings: &BatchSettings) -> RowOutcome {
     let attempts_after = row.attempts.saturating_add(1);
     if settings.has_attempts_column && attempts_after < settings.max_attempts {
-        RowOutcome::Retry(format!(
-            "attempt {attempts_after}/{}: {detail}",
-            settings.max_attempts
-        ))
+        RowOutcome::Retry(RowError::Retrying {
+            attempt: attempts_after,
+            max_attempts: settings.max_attempts,
+            rejection,
+        })
     } else {
-        RowOutcome::DeadLettered(format!(
-            "dead-lettered after {attempts_after} attempt(s): {detail}"
-        ))
+        RowOutcome::DeadLettered(RowError::GaveUp {
+            attempts: attempts_after,
+            rejection,
+        })
+    }
+}
+
+/// The metric label of a broker refusal.
+fn rejection_reason(rejection: &Rejection) -> FailureReason {
+    match rejection {
+        Rejection::Nack => FailureReason::Nack,
+        Rejection::Unroutable { .. } => FailureReason::Unroutable,
+    }
+}
+
+/// The metric label of a message nothing is known about.
+fn unconfirmed_reason(unconfirmed: Unconfirmed) -> FailureReason {
+    match unconfirmed {
+        Unconfirmed::BrokerUnavailable => FailureReason::BrokerUnavailable,
+        Unconfirmed::Timeout => FailureReason::Timeout,
     }
 }
 
@@ -134,10 +154,10 @@ pub async fn run_batch<P: Publisher>(
             ..BatchReport::default()
         });
     }
-    let rows = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+    let rows = decode_all(&rows)?;
 
     // Publish every well-formed row; malformed ones are settled as dead letters right away.
-    let prepared: Vec<Result<Message<'_>, String>> = rows
+    let prepared: Vec<Result<Message<'_>, Malformed>> = rows
         .iter()
         .map(|row| to_message(row, &settings.routing_key))
         .collect();
@@ -155,18 +175,18 @@ pub async fn run_batch<P: Publisher>(
     let mut delivered = deliveries.into_iter();
     for (row, prepared) in rows.iter().zip(&prepared) {
         let outcome = match prepared {
-            Err(error) => {
+            Err(malformed) => {
                 metrics.failure(FailureReason::Malformed);
-                RowOutcome::DeadLettered(error.clone())
+                RowOutcome::DeadLettered(RowError::Malformed(malformed.clone()))
             }
             Ok(_) => match delivered.next().expect("one delivery per message") {
                 Delivery::Confirmed => RowOutcome::Published,
-                Delivery::Rejected { reason, detail } => {
-                    metrics.failure(reason);
-                    after_rejection(row, detail, settings)
+                Delivery::Rejected(rejection) => {
+                    metrics.failure(rejection_reason(&rejection));
+                    after_rejection(row, rejection, settings)
                 }
-                Delivery::Unknown { reason } => {
-                    metrics.failure(reason);
+                Delivery::Unknown(unconfirmed) => {
+                    metrics.failure(unconfirmed_reason(unconfirmed));
                     RowOutcome::Untouched
                 }
             },
@@ -222,11 +242,7 @@ async fn publish_in_slot<P: Publisher>(
     metrics: &Metrics,
 ) -> BatchOutcome {
     if messages.is_empty() {
-        return BatchOutcome {
-            deliveries: Vec::new(),
-            broken: None,
-            publish_time: Duration::ZERO,
-        };
+        return BatchOutcome::empty();
     }
     let slot = match &settings.publish_slots {
         Some(slots) => Some(
@@ -258,17 +274,22 @@ async fn forward_dead_letters<P: Publisher>(
     rows: &[ClaimedRow],
     outcomes: &mut [RowOutcome],
     routing: &RoutingKey,
-    broken: &mut Option<String>,
+    broken: &mut Option<BrokerFailure>,
 ) {
-    let mut indexes = Vec::new();
-    let mut letters = Vec::new();
-    for (index, (row, outcome)) in rows.iter().zip(outcomes.iter()).enumerate() {
-        let RowOutcome::DeadLettered(error) = outcome else {
-            continue;
-        };
-        letters.push(dead_letter(row, error, routing));
-        indexes.push(index);
-    }
+    // The error texts first: the letters borrow them.
+    let (indexes, errors): (Vec<usize>, Vec<String>) = outcomes
+        .iter()
+        .enumerate()
+        .filter_map(|(index, outcome)| match outcome {
+            RowOutcome::DeadLettered(error) => Some((index, error.to_string())),
+            _ => None,
+        })
+        .unzip();
+    let letters: Vec<Message<'_>> = indexes
+        .iter()
+        .zip(&errors)
+        .map(|(&index, error)| dead_letter(&rows[index], error, routing))
+        .collect();
     if letters.is_empty() {
         return;
     }
@@ -301,14 +322,16 @@ mod tests {
             dead_letter_exchange: false,
             publish_slots: None,
         };
-        let first = after_rejection(&row(), "nack".into(), &settings);
-        assert!(matches!(first, RowOutcome::Retry(ref e) if e.starts_with("attempt 1/3")));
+        let first = after_rejection(&row(), Rejection::Nack, &settings);
+        assert!(
+            matches!(first, RowOutcome::Retry(ref e) if e.to_string().starts_with("attempt 1/3"))
+        );
         let last = after_rejection(
             &ClaimedRow {
                 attempts: 2,
                 ..row()
             },
-            "nack".into(),
+            Rejection::Nack,
             &settings,
         );
         assert!(matches!(last, RowOutcome::DeadLettered(_)));
@@ -317,7 +340,7 @@ mod tests {
             ..settings
         };
         assert!(matches!(
-            after_rejection(&row(), "nack".into(), &no_column),
+            after_rejection(&row(), Rejection::Nack, &no_column),
             RowOutcome::DeadLettered(_)
         ));
     }

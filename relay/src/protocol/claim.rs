@@ -6,10 +6,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, Postgres, Row};
+use sqlx::{AssertSqlSafe, Column as _, Postgres, Row};
 use uuid::Uuid;
 
-use crate::table::sql::Statements;
+use super::message::{Column, Malformed};
+use crate::table::sql::{Statements, columns};
 
 /// How far before the database's now() the recent claim starts: a row whose transaction took
 /// longer than this between taking its claim position and committing waits for the full claim.
@@ -59,7 +60,59 @@ pub struct ClaimedRow {
     pub headers: Option<serde_json::Value>,
     pub attempts: i32,
     /// Set when a column could not be read as the message needs it.
-    pub malformed: Option<String>,
+    pub malformed: Option<Malformed>,
+}
+
+/// Decodes the claimed rows by the claim's column names ([`columns`]).
+pub fn decode_all(rows: &[PgRow]) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let positions = Positions::of(first)?;
+    rows.iter().map(|row| positions.decode(row)).collect()
+}
+
+/// Where each named column of the claim is, looked up once per batch: every row of a result
+/// has the same columns, and a lookup by name per row and column would cost a hash each.
+struct Positions {
+    id: usize,
+    kind: usize,
+    payload: usize,
+    occurred_at: usize,
+    routing_key: usize,
+    headers: usize,
+    attempts: usize,
+}
+
+impl Positions {
+    fn of(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let at = |name: &str| row.try_column(name).map(|column| column.ordinal());
+        Ok(Self {
+            id: at(columns::ID)?,
+            kind: at(columns::KIND)?,
+            payload: at(columns::PAYLOAD)?,
+            occurred_at: at(columns::OCCURRED_AT)?,
+            routing_key: at(columns::ROUTING_KEY)?,
+            headers: at(columns::HEADERS)?,
+            attempts: at(columns::ATTEMPTS)?,
+        })
+    }
+
+    fn decode(&self, row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {
+        let mut malformed = None;
+        let kind = text_column(row, self.kind, Column::Type, &mut malformed)?;
+        let routing_key = text_column(row, self.routing_key, Column::RoutingKey, &mut malformed)?;
+        Ok(ClaimedRow {
+            id: row.try_get(self.id)?,
+            kind,
+            payload: raw_bytes(row, self.payload)?,
+            occurred_at: row.try_get(self.occurred_at)?,
+            routing_key,
+            headers: row.try_get(self.headers)?,
+            attempts: row.try_get(self.attempts)?,
+            malformed,
+        })
+    }
 }
 
 /// Raw bytes of a text-like column, so bytes that are not UTF-8 (possible in a SQL_ASCII
@@ -76,38 +129,23 @@ fn raw_bytes(row: &PgRow, index: usize) -> Result<Option<Vec<u8>>, sqlx::Error> 
     ))
 }
 
-/// A text column that must be UTF-8 for AMQP; bad bytes make the row malformed, not the batch.
+/// A text column that must be UTF-8 for AMQP; bad bytes make the row malformed (the first
+/// problem found is kept), not the batch.
 fn text_column(
     row: &PgRow,
     index: usize,
-    what: &str,
-    problems: &mut Vec<String>,
+    column: Column,
+    malformed: &mut Option<Malformed>,
 ) -> Result<Option<String>, sqlx::Error> {
     Ok(match raw_bytes(row, index)? {
         None => None,
         Some(bytes) => match String::from_utf8(bytes) {
             Ok(text) => Some(text),
             Err(_) => {
-                problems.push(format!("malformed row: the {what} is not valid UTF-8"));
+                malformed.get_or_insert(Malformed::NotUtf8(column));
                 None
             }
         },
-    })
-}
-
-pub fn decode(row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {
-    let mut problems = Vec::new();
-    let kind = text_column(row, 1, "type", &mut problems)?;
-    let routing_key = text_column(row, 4, "routing key", &mut problems)?;
-    Ok(ClaimedRow {
-        id: row.try_get(0)?,
-        kind,
-        payload: raw_bytes(row, 2)?,
-        occurred_at: row.try_get(3)?,
-        routing_key,
-        headers: row.try_get(5)?,
-        attempts: row.try_get(6)?,
-        malformed: problems.into_iter().next(),
     })
 }
 

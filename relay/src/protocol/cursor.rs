@@ -181,6 +181,7 @@ impl ClaimCursor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::BrokerFailure;
 
     const BATCH: usize = 10;
 
@@ -352,7 +353,7 @@ mod tests {
                 ..batch(BATCH, 2, 3, 1)
             },
             BatchReport {
-                broker_broken: Some("gone".into()),
+                broker_broken: Some(BrokerFailure::ConfirmTimeout(Duration::from_secs(10))),
                 ..batch(BATCH, 2, 3, 1)
             },
         ];

@@ -3,82 +3,109 @@
 
 use super::claim::ClaimedRow;
 use crate::broker::Message;
-use crate::broker::headers::headers_from_json;
+use crate::broker::headers::{self, HeadersError};
 use crate::broker::routing::RoutingKey;
 use crate::defaults::AMQP_SHORT_STRING_MAX;
 
+/// A column of the claim that a message needs in a certain shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Column {
+    Type,
+    Payload,
+    RoutingKey,
+}
+
+impl std::fmt::Display for Column {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Column::Type => "type",
+            Column::Payload => "payload",
+            Column::RoutingKey => "routing key",
+        })
+    }
+}
+
+/// Why a row cannot become a message: it is dead-lettered at once, with this text as its error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Malformed {
+    #[error("malformed row: the {0} is not valid UTF-8")]
+    NotUtf8(Column),
+    #[error("malformed row: the {0} column is NULL")]
+    Null(Column),
+    #[error("malformed row: {column} is {len} bytes; AMQP allows at most {max}", max = AMQP_SHORT_STRING_MAX)]
+    TooLong { column: Column, len: usize },
+    #[error("malformed row: {0}")]
+    Headers(#[from] HeadersError),
+}
+
+/// The value of `column` when it fits an AMQP short string.
+fn short_string(column: Column, value: &str) -> Result<&str, Malformed> {
+    if value.len() > AMQP_SHORT_STRING_MAX {
+        return Err(Malformed::TooLong {
+            column,
+            len: value.len(),
+        });
+    }
+    Ok(value)
+}
+
 /// Turns a row into a message, or says why it cannot be one.
-pub fn to_message<'a>(row: &'a ClaimedRow, routing: &'a RoutingKey) -> Result<Message<'a>, String> {
+pub fn to_message<'a>(
+    row: &'a ClaimedRow,
+    routing: &'a RoutingKey,
+) -> Result<Message<'a>, Malformed> {
     if let Some(problem) = &row.malformed {
         return Err(problem.clone());
     }
-    let kind = row
-        .kind
-        .as_deref()
-        .ok_or("malformed row: the type column is NULL")?;
-    if kind.len() > AMQP_SHORT_STRING_MAX {
-        return Err(format!(
-            "malformed row: type is {} bytes; AMQP allows at most 255",
-            kind.len()
-        ));
-    }
+    let kind = row.kind.as_deref().ok_or(Malformed::Null(Column::Type))?;
+    let kind = short_string(Column::Type, kind)?;
     let payload = row
         .payload
         .as_deref()
-        .ok_or("malformed row: the payload column is NULL")?;
+        .ok_or(Malformed::Null(Column::Payload))?;
     let routing_key = match routing {
         RoutingKey::Type => kind,
         RoutingKey::Column => row.routing_key.as_deref().unwrap_or(kind),
         RoutingKey::Static(key) => key.as_str(),
     };
-    if routing_key.len() > AMQP_SHORT_STRING_MAX {
-        return Err(format!(
-            "malformed row: routing key is {} bytes; AMQP allows at most 255",
-            routing_key.len()
-        ));
-    }
-    let headers = match &row.headers {
-        None | Some(serde_json::Value::Null) => None,
-        Some(value) => Some(headers_from_json(value).map_err(|e| format!("malformed row: {e}"))?),
-    };
+    let routing_key = short_string(Column::RoutingKey, routing_key)?;
     Ok(Message {
         id: row.id,
         kind,
         routing_key,
         payload,
-        timestamp: row
-            .occurred_at
-            .and_then(|t| u64::try_from(t.timestamp()).ok()),
-        headers,
+        timestamp: timestamp(row),
+        headers: headers::check(row.headers.as_ref())?,
+        error: None,
     })
+}
+
+/// The AMQP timestamp of a row: its claim position in whole seconds, when it has one after 1970.
+fn timestamp(row: &ClaimedRow) -> Option<u64> {
+    row.occurred_at
+        .and_then(|t| u64::try_from(t.timestamp()).ok())
 }
 
 /// The dead letter of a row, with its error in a header. Over-long type and routing key are
 /// left out rather than refused: a dead letter must get out whatever is wrong with the row.
-pub fn dead_letter<'a>(row: &'a ClaimedRow, error: &str, routing: &'a RoutingKey) -> Message<'a> {
-    let mut headers = lapin::types::FieldTable::default();
-    headers.insert(
-        "x-outbox-error".into(),
-        lapin::types::AMQPValue::LongString(error.into()),
-    );
-    let kind = row.kind.as_deref().unwrap_or("");
+pub fn dead_letter<'a>(
+    row: &'a ClaimedRow,
+    error: &'a str,
+    routing: &'a RoutingKey,
+) -> Message<'a> {
+    let fits = |text: &'a str| short_string(Column::Type, text).unwrap_or("");
+    let kind = fits(row.kind.as_deref().unwrap_or(""));
     Message {
         id: row.id,
-        kind: if kind.len() > AMQP_SHORT_STRING_MAX {
-            ""
-        } else {
-            kind
-        },
+        kind,
         routing_key: match routing {
             RoutingKey::Static(key) => key.as_str(),
-            _ if kind.len() <= AMQP_SHORT_STRING_MAX => kind,
-            _ => "",
+            _ => kind,
         },
         payload: row.payload.as_deref().unwrap_or(&[]),
-        timestamp: row
-            .occurred_at
-            .and_then(|t| u64::try_from(t.timestamp()).ok()),
-        headers: Some(headers),
+        timestamp: timestamp(row),
+        headers: None,
+        error: Some(error),
     }
 }
 
@@ -124,6 +151,7 @@ mod tests {
         assert!(
             to_message(&null_payload, &RoutingKey::Type)
                 .unwrap_err()
+                .to_string()
                 .contains("payload column is NULL")
         );
         let long_type = ClaimedRow {
@@ -133,6 +161,7 @@ mod tests {
         assert!(
             to_message(&long_type, &RoutingKey::Type)
                 .unwrap_err()
+                .to_string()
                 .contains("256 bytes")
         );
         let bad_headers = ClaimedRow {
@@ -142,6 +171,7 @@ mod tests {
         assert!(
             to_message(&bad_headers, &RoutingKey::Type)
                 .unwrap_err()
+                .to_string()
                 .contains("JSON object")
         );
         let null_type = ClaimedRow {
@@ -151,6 +181,7 @@ mod tests {
         assert!(
             to_message(&null_type, &RoutingKey::Type)
                 .unwrap_err()
+                .to_string()
                 .contains("type column is NULL")
         );
     }

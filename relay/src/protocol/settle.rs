@@ -7,16 +7,35 @@ use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 
 use super::claim::ClaimedRow;
+use super::message::Malformed;
+use crate::broker::Rejection;
 use crate::table::sql::Statements;
+
+/// Why a row was not published, as its error column records it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RowError {
+    /// Refused by the broker with attempts left.
+    #[error("attempt {attempt}/{max_attempts}: {rejection}")]
+    Retrying {
+        attempt: i32,
+        max_attempts: i32,
+        rejection: Rejection,
+    },
+    /// Refused by the broker once too often.
+    #[error("dead-lettered after {attempts} attempt(s): {rejection}")]
+    GaveUp { attempts: i32, rejection: Rejection },
+    #[error(transparent)]
+    Malformed(#[from] Malformed),
+}
 
 /// What the batch decided for one row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RowOutcome {
     Published,
     /// Refused by the broker; stays pending with its error and one more attempt.
-    Retry(String),
+    Retry(RowError),
     /// Given up on: settled with its error so it never blocks the rest.
-    DeadLettered(String),
+    DeadLettered(RowError),
     /// Not known to the broker or not confirmed: left untouched, released at commit.
     Untouched,
 }
@@ -49,11 +68,11 @@ pub fn settle_query(
             }
             RowOutcome::Retry(e) => {
                 counts.retried += 1;
-                (Some(e.clone()), false)
+                (Some(e.to_string()), false)
             }
             RowOutcome::DeadLettered(e) => {
                 counts.dead_lettered += 1;
-                (Some(e.clone()), true)
+                (Some(e.to_string()), true)
             }
             RowOutcome::Untouched => {
                 counts.untouched += 1;

@@ -9,7 +9,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::broker::amqp::AmqpSettings;
+use crate::broker::amqp::{AmqpConnector, AmqpSettings};
 use crate::config::RelayConfig;
 use crate::metrics::Metrics;
 use crate::protocol::batch::BatchSettings;
@@ -111,19 +111,24 @@ pub async fn run(
     let workers_stop = shutdown.child_token();
     let context = WorkerContext {
         database_url: config.db.database_url.clone(),
-        amqp_url: config.amqp_url.clone(),
-        amqp: AmqpSettings {
-            exchange: config.exchange.clone(),
-            dead_letter_exchange: config.dead_letter_exchange.clone(),
-            confirms: config.publisher_confirms,
-            mandatory: config.mandatory,
-            timeout: config.publish_timeout,
-            content_type: config
-                .content_type
-                .clone()
-                .unwrap_or_else(|| shape.payload.default_content_type().to_string()),
-            declare_exchange: config.declare_exchange,
-            connection_name: format!("outbox-relay {} {}", config.db.relay_name, config.pod_name),
+        broker: AmqpConnector {
+            url: config.amqp_url.clone(),
+            settings: AmqpSettings {
+                exchange: config.exchange.clone(),
+                dead_letter_exchange: config.dead_letter_exchange.clone(),
+                confirms: config.publisher_confirms,
+                mandatory: config.mandatory,
+                timeout: config.publish_timeout,
+                content_type: config
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| shape.payload.default_content_type().to_string()),
+                declare_exchange: config.declare_exchange,
+                connection_name: format!(
+                    "outbox-relay {} {}",
+                    config.db.relay_name, config.pod_name
+                ),
+            },
         },
         statements: statements.clone(),
         settings: BatchSettings {
