@@ -10,7 +10,7 @@ use crate::defaults::AMQP_SHORT_STRING_MAX;
 pub enum HeadersError {
     #[error("headers must be a JSON object, got {0}")]
     NotAnObject(&'static str),
-    #[error("header name {0:?} is longer than 255 bytes")]
+    #[error("header name {0:?} is longer than {max} bytes", max = AMQP_SHORT_STRING_MAX)]
     KeyTooLong(String),
 }
 

@@ -2,24 +2,13 @@
 //! from.
 
 /// Exchange types the relay can declare.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ExchangeType {
     Fanout,
     Topic,
     Direct,
     Headers,
-}
-
-impl ExchangeType {
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "fanout" => Some(Self::Fanout),
-            "topic" => Some(Self::Topic),
-            "direct" => Some(Self::Direct),
-            "headers" => Some(Self::Headers),
-            _ => None,
-        }
-    }
 }
 
 /// Where the routing key of a message comes from.

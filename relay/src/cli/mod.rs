@@ -6,13 +6,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::broker::routing::ExchangeType;
-use crate::config::{ConfigError, LogFormat, RunArgs, TableArgs, TableConfig, parse_duration};
+use crate::config::{
+    ConfigError, LogFormat, RunArgs, TableArgs, TableConfig, one_of, positive_duration,
+};
+use crate::defaults;
 use crate::metrics::Metrics;
 use crate::runtime::run;
 use crate::secret_url::{SecretUrl, UrlKind};
 use crate::table::inspect::{InspectError, inspect};
 use crate::table::migrate::{MigrateError, MigrationOptions, migrate};
-use crate::table::reports::{DEFAULT_BACKLOG_CAP, measure_backlog};
+use crate::table::reports::measure_backlog;
 use crate::table::sql::Statements;
 use crate::tools::{consume, seed};
 use clap::{Parser, Subcommand};
@@ -54,8 +57,8 @@ struct ConsumeArgs {
     #[arg(long, default_value = "outbox")]
     exchange: String,
     /// Exchange type used when declaring it: fanout, topic, direct or headers.
-    #[arg(long, default_value = "fanout")]
-    exchange_type: String,
+    #[arg(long, value_parser = one_of::<ExchangeType>, default_value = "fanout")]
+    exchange_type: ExchangeType,
     /// Durable queue to declare, bind and drain. Default: <exchange>.consumer.
     #[arg(long)]
     queue: Option<String>,
@@ -65,9 +68,9 @@ struct ConsumeArgs {
     /// Stop after this many messages.
     #[arg(long)]
     expect: Option<u64>,
-    /// Stop when nothing arrived for this long, e.g. 30s.
-    #[arg(long, default_value = "30s")]
-    idle_timeout: String,
+    /// Stop when nothing arrived for this long, e.g. 30s. Default: 30s.
+    #[arg(long, value_parser = positive_duration)]
+    idle_timeout: Option<Duration>,
     /// Only declare the exchange, queue and binding, then exit.
     #[arg(long)]
     setup_only: bool,
@@ -96,9 +99,9 @@ struct MigrateArgs {
     /// Leave the table's autovacuum settings as they are.
     #[arg(long)]
     skip_autovacuum: bool,
-    /// How long to keep retrying while another migration holds the lock, e.g. 5m.
-    #[arg(long, default_value = "5m")]
-    wait: String,
+    /// How long to keep retrying while another migration holds the lock, e.g. 5m. Default: 5m.
+    #[arg(long, value_parser = positive_duration)]
+    wait: Option<Duration>,
 }
 
 #[derive(clap::Args)]
@@ -109,7 +112,7 @@ struct LagArgs {
     #[arg(long)]
     json: bool,
     /// Stop counting at this many rows.
-    #[arg(long, default_value_t = DEFAULT_BACKLOG_CAP, allow_hyphen_values = true)]
+    #[arg(long, default_value_t = defaults::BACKLOG_CAP, allow_hyphen_values = true)]
     cap: i64,
 }
 
@@ -229,10 +232,7 @@ fn inspect_failure(e: InspectError) -> ExitCode {
 
 async fn migrate_command(args: MigrateArgs) -> ExitCode {
     init_logs(LogFormat::Text);
-    let wait = match parse_duration("wait", Some(args.wait.clone()), "5m") {
-        Ok(wait) => wait,
-        Err(e) => return usage_error(e),
-    };
+    let wait = args.wait.unwrap_or(defaults::MIGRATE_WAIT);
     let (config, mut conn) = match connect(&args.table).await {
         Ok(pair) => pair,
         Err(code) => return code,
@@ -398,23 +398,14 @@ async fn consume_command(args: ConsumeArgs) -> ExitCode {
         Ok(url) => url,
         Err(e) => return usage_error(ConfigError::new("amqp-url", e.to_string())),
     };
-    let Some(kind) = ExchangeType::parse(&args.exchange_type) else {
-        return usage_error(ConfigError::new(
-            "exchange-type",
-            "use fanout, topic, direct or headers",
-        ));
-    };
-    let idle = match parse_duration("idle-timeout", Some(args.idle_timeout.clone()), "30s") {
-        Ok(idle) => idle,
-        Err(e) => return usage_error(e),
-    };
+    let idle = args.idle_timeout.unwrap_or(defaults::CONSUME_IDLE_TIMEOUT);
     let queue = args
         .queue
         .clone()
         .unwrap_or_else(|| format!("{}.consumer", args.exchange));
     let topology = consume::Topology {
         exchange: &args.exchange,
-        kind,
+        kind: args.exchange_type,
         queue: &queue,
         binding_key: &args.binding_key,
     };

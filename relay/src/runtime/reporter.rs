@@ -10,12 +10,11 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::defaults::BACKLOG_CAP;
 use crate::metrics::Metrics;
 use crate::secret_url::SecretUrl;
 use crate::table::ident::TableName;
-use crate::table::reports::{
-    Backlog, DEFAULT_BACKLOG_CAP, Report, measure_backlog, measurer_lock_key, upsert_report,
-};
+use crate::table::reports::{Backlog, Report, measure_backlog, measurer_lock_key, upsert_report};
 use crate::table::sql::Statements;
 
 pub struct ReporterContext {
@@ -109,8 +108,7 @@ async fn report_once(
         }
     }
     let backlog: Option<Backlog> = if session.measurer {
-        let backlog =
-            measure_backlog(&mut session.conn, &ctx.statements, DEFAULT_BACKLOG_CAP).await?;
+        let backlog = measure_backlog(&mut session.conn, &ctx.statements, BACKLOG_CAP).await?;
         ctx.metrics.backlog.set(backlog.pending);
         ctx.metrics.backlog_capped.set(i64::from(backlog.capped));
         ctx.metrics

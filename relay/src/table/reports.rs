@@ -10,9 +10,6 @@ use sqlx::{AssertSqlSafe, PgConnection};
 use crate::table::ident::TableName;
 use crate::table::sql::Statements;
 
-/// Counting stops here; a report at the cap says "at least this many".
-pub const DEFAULT_BACKLOG_CAP: i64 = 1_000_000;
-
 pub fn create_table_sql(reports: &TableName) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {} (\
