@@ -131,7 +131,10 @@ fn unconfirmed_reason(unconfirmed: Unconfirmed) -> FailureReason {
 }
 
 /// Runs one batch, claiming from `start` (see [`super::cursor::ClaimCursor`]). Returns
-/// how many rows it claimed (0 means nothing for us there).
+/// how many rows it claimed (0 means nothing for us there). Its span carries the batch size and
+/// sits inside the worker's and the relay's, so a log line of the batch says which relay,
+/// worker and size without repeating them.
+#[tracing::instrument(name = "batch", skip_all, fields(batch_size = settings.batch_size))]
 pub async fn run_batch<P: Publisher>(
     conn: &mut PgConnection,
     publisher: &mut P,

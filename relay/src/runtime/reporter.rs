@@ -104,7 +104,7 @@ async fn report_once(
                 .fetch_one(&mut session.conn)
                 .await?;
         if session.measurer {
-            info!(relay = %ctx.relay, "this process measures the backlog for the relay");
+            info!("this process measures the backlog for the relay");
         }
     }
     let backlog: Option<Backlog> = if session.measurer {

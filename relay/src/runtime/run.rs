@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use sqlx::Connection;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, instrument, warn};
 
 use crate::broker::amqp::{AmqpConnector, AmqpSettings};
 use crate::config::RelayConfig;
@@ -71,7 +71,9 @@ async fn inspect_with_retry(
     }
 }
 
-/// Runs the relay until `shutdown` is cancelled, then lets the batches in flight finish.
+/// Runs the relay until `shutdown` is cancelled, then lets the batches in flight finish. Its
+/// span names the relay on every log line of the process, the workers' included.
+#[instrument(name = "relay", skip_all, fields(relay = %config.db.relay_name))]
 pub async fn run(
     config: RelayConfig,
     metrics: Metrics,
@@ -148,30 +150,36 @@ pub async fn run(
     };
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..config.workers {
-        workers.spawn(run_worker(context.clone(), worker));
+        workers.spawn(run_worker(context.clone(), worker).in_current_span());
     }
 
     let background_stop = CancellationToken::new();
     let listener = config.listen.then(|| {
-        tokio::spawn(crate::runtime::listener::run_listener(
-            config.db.database_url.clone(),
-            notify_channel(&config.db.table),
-            wake_tx.clone(),
-            background_stop.clone(),
-        ))
+        tokio::spawn(
+            crate::runtime::listener::run_listener(
+                config.db.database_url.clone(),
+                notify_channel(&config.db.table),
+                wake_tx.clone(),
+                background_stop.clone(),
+            )
+            .in_current_span(),
+        )
     });
-    let reporter = tokio::spawn(run_reporter(ReporterContext {
-        database_url: config.db.database_url.clone(),
-        reports_table: config.db.table.reports_table(),
-        statements,
-        relay: config.db.relay_name.clone(),
-        pod: config.pod_name.clone(),
-        interval: config.report_interval,
-        retention: config.processed_retention,
-        metrics: metrics.clone(),
-        published_total,
-        shutdown: background_stop.clone(),
-    }));
+    let reporter = tokio::spawn(
+        run_reporter(ReporterContext {
+            database_url: config.db.database_url.clone(),
+            reports_table: config.db.table.reports_table(),
+            statements,
+            relay: config.db.relay_name.clone(),
+            pod: config.pod_name.clone(),
+            interval: config.report_interval,
+            retention: config.processed_retention,
+            metrics: metrics.clone(),
+            published_total,
+            shutdown: background_stop.clone(),
+        })
+        .in_current_span(),
+    );
     info!(
         table = %config.db.table.name,
         exchange = %config.exchange,
