@@ -1,11 +1,13 @@
 # The verbs a person types. `make demo` and `make test` are the quick start.
 SHELL := /bin/bash
 CARGO ?= cargo
+# Where cargo puts the binaries the smoke runs start (honours CARGO_TARGET_DIR like cargo does).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 CACHE := $(CURDIR)/.cache
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: all build release demo test test-rust lint services bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt
+.PHONY: all build release demo test test-rust lint module-check fuzz services bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt
 
 all: build
 
@@ -22,16 +24,21 @@ services:
 demo: services release
 	./scripts/demo.sh
 
-## test: everything CI runs.
-test: services test-rust chart-check bench-smoke chaos-smoke
+## test: everything CI runs, lint first.
+test: services lint test-rust chart-check bench-smoke chaos-smoke fuzz
 
 test-rust:
 	$(CARGO) build --workspace --all-targets --release
 	$(CARGO) test --workspace --release -- --test-threads=4
 
-lint:
+## lint: formatting, clippy with warnings denied, and no import circle between the relay's modules.
+lint: module-check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## module-check: installs cargo-modules into $HOME/.cargo when missing.
+module-check:
+	./scripts/module-check.sh
 
 fmt:
 	$(CARGO) fmt --all
@@ -47,17 +54,20 @@ chart-check:
 	./scripts/chart-check.sh
 
 bench: services release
-	./target/release/outbox-bench $(BENCH_ARGS)
+	$(TARGET_DIR)/release/outbox-bench $(BENCH_ARGS)
 
-bench-smoke: services
-	./target/release/outbox-bench --smoke
+bench-smoke: services release
+	$(TARGET_DIR)/release/outbox-bench --smoke
 
 chaos: services release
-	./target/release/outbox-chaos $(CHAOS_ARGS)
+	$(TARGET_DIR)/release/outbox-chaos $(CHAOS_ARGS)
 
-## chaos-smoke: a seconds-long chaos run and a longer property-based fuzz of the parsers.
-chaos-smoke: services
-	./target/release/outbox-chaos --smoke
+## chaos-smoke: a seconds-long chaos run.
+chaos-smoke: services release
+	$(TARGET_DIR)/release/outbox-chaos --smoke
+
+## fuzz: a longer property-based fuzz of the parsers than the unit tests run.
+fuzz:
 	PROPTEST_CASES=2000 $(CARGO) test --workspace --release -q fuzz_
 
 e2e-cluster:

@@ -254,7 +254,7 @@ async fn watches_replay_and_honour_selectors_timeouts_and_bookmarks() {
         .unwrap();
     match bookmarks.last() {
         Some(WatchEvent::Bookmark(bookmark)) => {
-            assert_eq!(bookmark.metadata.resource_version, newest)
+            assert_eq!(bookmark.metadata.resource_version, newest);
         }
         other => panic!("no bookmark on a quiet watch: {other:?}"),
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::broker::routing::ExchangeType;
 use crate::config::{
     ConfigError, LogFormat, RunArgs, TableArgs, TableConfig, one_of, positive_duration,
+    resolve_run, resolve_table,
 };
 use crate::defaults;
 use crate::metrics::Metrics;
@@ -201,7 +202,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
     if let Err(e) = on_signal(shutdown.clone()) {
         return failure(format!("cannot listen for SIGTERM: {e}"));
     }
-    let config = match args.resolve() {
+    let config = match resolve_run(&args) {
         Ok(config) => config,
         Err(e) => return usage_error(e),
     };
@@ -215,7 +216,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
 
 /// Resolves the table options and connects; bad input exits 2 before anything is written.
 async fn connect(args: &TableArgs) -> Result<(TableConfig, PgConnection), ExitCode> {
-    let config = args.resolve().map_err(usage_error)?;
+    let config = resolve_table(args).map_err(usage_error)?;
     let conn = PgConnection::connect(config.database_url.expose())
         .await
         .map_err(|e| failure(format!("cannot connect to {}: {e}", config.database_url)))?;
@@ -446,7 +447,7 @@ async fn consume_command(args: ConsumeArgs) -> ExitCode {
     );
     let result = consume::consume(&url, &topology, args.expect, idle, args.distinct, |n| {
         if n.is_multiple_of(1000) {
-            bar.set_position(n)
+            bar.set_position(n);
         }
     })
     .await;

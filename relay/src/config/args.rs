@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{LogFormat, one_of, positive_duration};
+use super::parse::{LogFormat, one_of, positive_duration};
 use crate::broker::routing::ExchangeType;
 use crate::table::outbox::{ColumnRole, DeliveryMode};
 

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 use super::args::ColumnArgs;
-use super::{ConfigError, LogFormat};
+use super::parse::{ConfigError, LogFormat};
 use crate::broker::routing::ExchangeType;
 use crate::table::outbox::DeliveryMode;
 

@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod file;
+pub mod parse;
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -11,40 +12,13 @@ use std::time::Duration;
 
 pub use args::{ColumnArgs, RunArgs, TableArgs};
 pub use file::FileConfig;
+pub use parse::{ConfigError, LogFormat, one_of, positive_duration};
 
 use crate::broker::routing::{ExchangeType, RoutingKey};
 use crate::defaults::{self, AMQP_SHORT_STRING_MAX};
 use crate::secret_url::{SecretUrl, UrlKind};
 use crate::table::ident::{Ident, TableName};
 use crate::table::outbox::{ColumnRole, Columns, OutboxTable};
-
-/// A configuration value that cannot be used. `field` is the flag name without dashes.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid --{field}: {message}")]
-pub struct ConfigError {
-    pub field: String,
-    pub message: String,
-}
-
-impl ConfigError {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
-
-/// How the relay writes its log lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// For people at a terminal.
-    #[default]
-    Text,
-    /// One JSON object per line, for log pipelines.
-    Json,
-}
 
 /// Everything that describes the table and the database, resolved and validated.
 #[derive(Debug, Clone)]
@@ -80,34 +54,6 @@ pub struct RelayConfig {
     pub content_type: Option<String>,
     pub processed_retention: Option<Duration>,
     pub pod_name: String,
-}
-
-/// One of the names of a value enum. Clap's own error for a bad one spreads over four lines;
-/// this one fits the one line every bad input gets.
-pub fn one_of<T: clap::ValueEnum>(text: &str) -> Result<T, String> {
-    T::from_str(text, false).map_err(|_| {
-        let names: Vec<String> = T::value_variants()
-            .iter()
-            .filter_map(|v| v.to_possible_value())
-            .map(|p| p.get_name().to_string())
-            .collect();
-        match names.split_last() {
-            Some((last, [])) => format!("use {last}"),
-            Some((last, rest)) => format!("use {} or {last}", rest.join(", ")),
-            None => "no value is accepted".into(),
-        }
-    })
-}
-
-/// A duration greater than zero, written like 500ms, 10s or 1m: the value parser of every
-/// duration flag and file key.
-pub fn positive_duration(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("{e} in {text:?}; write a duration like 500ms, 10s or 1m"))?;
-    if duration.is_zero() {
-        return Err("must be greater than zero".into());
-    }
-    Ok(duration)
 }
 
 /// A duration flag, else the file's text parsed the same way, naming `field` when it is bad.
@@ -175,173 +121,172 @@ fn url(
     SecretUrl::parse(&text, kind).map_err(|e| ConfigError::new(field, e.to_string()))
 }
 
-impl TableArgs {
-    fn load_file(&self) -> Result<FileConfig, ConfigError> {
-        match &self.config {
-            Some(path) => FileConfig::load(path),
-            None => Ok(FileConfig::default()),
-        }
-    }
+// Resolution is free functions, not methods of the argument structs: a method counts as part of
+// its type's module, and args would then import the file, which imports args' column mapping.
 
-    /// Resolves the table options (for migrate, lag, seed and run).
-    pub fn resolve(&self) -> Result<TableConfig, ConfigError> {
-        let file = self.load_file()?;
-        self.resolve_with(&file)
-    }
-
-    fn resolve_with(&self, file: &FileConfig) -> Result<TableConfig, ConfigError> {
-        let database_url = url(
-            "database-url",
-            layer(&self.database_url, &file.database_url),
-            "DATABASE_URL",
-            UrlKind::Postgres,
-        )?;
-
-        let table_text = layer(&self.table, &file.table).unwrap_or_else(|| defaults::TABLE.into());
-        let name = TableName::parse(&table_text)
-            .map_err(|e| ConfigError::new("table", format!("table name {e}")))?;
-
-        let columns = Columns::from_roles(|role: ColumnRole| {
-            let from_file = file.columns.as_ref().and_then(|c| c.get(role));
-            match self.columns.get(role).or(from_file) {
-                None => Ok(None),
-                Some(text) => Ident::new(text)
-                    .map(Some)
-                    .map_err(|e| ConfigError::new(role.option(), format!("column name {e}"))),
-            }
-        })?;
-
-        let relay_name =
-            layer(&self.relay_name, &file.relay_name).unwrap_or_else(|| name.to_string());
-        if relay_name.is_empty()
-            || relay_name.len() > defaults::RELAY_NAME_MAX
-            || relay_name.chars().any(char::is_control)
-        {
-            return Err(ConfigError::new(
-                "relay-name",
-                format!(
-                    "must be 1 to {} printable characters",
-                    defaults::RELAY_NAME_MAX
-                ),
-            ));
-        }
-
-        Ok(TableConfig {
-            database_url,
-            table: OutboxTable {
-                name,
-                columns,
-                mode: layer(&self.mode, &file.mode).unwrap_or_default(),
-            },
-            relay_name,
-        })
+fn load_file(args: &TableArgs) -> Result<FileConfig, ConfigError> {
+    match &args.config {
+        Some(path) => FileConfig::load(path),
+        None => Ok(FileConfig::default()),
     }
 }
 
-impl RunArgs {
-    pub fn resolve(&self) -> Result<RelayConfig, ConfigError> {
-        let file = self.table.load_file()?;
-        let db = self.table.resolve_with(&file)?;
+/// Resolves the table options (for migrate, lag, seed and run).
+pub fn resolve_table(args: &TableArgs) -> Result<TableConfig, ConfigError> {
+    let file = load_file(args)?;
+    resolve_table_with(args, &file)
+}
 
-        let amqp_url = url(
-            "amqp-url",
-            layer(&self.amqp_url, &file.amqp_url),
-            "AMQP_URL",
-            UrlKind::Amqp,
-        )?;
+fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig, ConfigError> {
+    let database_url = url(
+        "database-url",
+        layer(&args.database_url, &file.database_url),
+        "DATABASE_URL",
+        UrlKind::Postgres,
+    )?;
 
-        let exchange =
-            layer(&self.exchange, &file.exchange).unwrap_or_else(|| defaults::EXCHANGE.into());
-        short_string("exchange", &exchange)?;
-        let routing_key = match layer(&self.routing_key, &file.routing_key) {
-            Some(key) => {
-                short_string("routing-key", &key)?;
-                RoutingKey::Static(key)
-            }
-            None if db.table.columns.routing_key.is_some() => RoutingKey::Column,
-            None => RoutingKey::Type,
-        };
-        let dead_letter_exchange = layer(&self.dead_letter_exchange, &file.dead_letter_exchange);
-        if let Some(dlx) = &dead_letter_exchange {
-            short_string("dead-letter-exchange", dlx)?;
+    let table_text = layer(&args.table, &file.table).unwrap_or_else(|| defaults::TABLE.into());
+    let name = TableName::parse(&table_text)
+        .map_err(|e| ConfigError::new("table", format!("table name {e}")))?;
+
+    let columns = Columns::from_roles(|role: ColumnRole| {
+        let from_file = file.columns.as_ref().and_then(|c| c.get(role));
+        match args.columns.get(role).or(from_file) {
+            None => Ok(None),
+            Some(text) => Ident::new(text)
+                .map(Some)
+                .map_err(|e| ConfigError::new(role.option(), format!("column name {e}"))),
         }
-        let content_type = layer(&self.content_type, &file.content_type);
-        if let Some(ct) = &content_type {
-            short_string("content-type", ct)?;
-        }
+    })?;
 
-        let batch_size = ranged(
-            "batch-size",
-            layer(&self.batch_size, &file.batch_size),
-            defaults::BATCH_SIZE,
-            defaults::BATCH_SIZE_RANGE,
-        )? as usize;
-        let workers = ranged(
-            "workers",
-            layer(&self.workers, &file.workers),
-            defaults::WORKERS,
-            defaults::WORKERS_RANGE,
-        )? as usize;
-        let inflight_batches = ranged(
-            "inflight-batches",
-            layer(&self.inflight_batches, &file.inflight_batches),
-            defaults::INFLIGHT_BATCHES,
-            defaults::INFLIGHT_BATCHES_RANGE,
-        )? as usize;
-        let max_attempts = ranged(
-            "max-attempts",
-            layer(&self.max_attempts, &file.max_attempts),
-            defaults::MAX_ATTEMPTS,
-            defaults::MAX_ATTEMPTS_RANGE,
-        )? as i32;
-
-        let pod_name = layer(&self.pod_name, &file.pod_name)
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_else(|| format!("pid-{}", std::process::id()));
-
-        Ok(RelayConfig {
-            db,
-            amqp_url,
-            exchange,
-            declare_exchange: layer(&self.declare_exchange, &file.declare_exchange),
-            routing_key,
-            batch_size,
-            workers,
-            inflight_batches,
-            publisher_confirms: layer(&self.publisher_confirms, &file.publisher_confirms)
-                .unwrap_or(defaults::PUBLISHER_CONFIRMS),
-            mandatory: layer(&self.mandatory, &file.mandatory).unwrap_or(defaults::MANDATORY),
-            publish_timeout: duration(
-                "publish-timeout",
-                self.publish_timeout,
-                &file.publish_timeout,
-            )?
-            .unwrap_or(defaults::PUBLISH_TIMEOUT),
-            max_attempts,
-            dead_letter_exchange,
-            poll_interval: duration("poll-interval", self.poll_interval, &file.poll_interval)?
-                .unwrap_or(defaults::POLL_INTERVAL),
-            listen: layer(&self.listen, &file.listen).unwrap_or(defaults::LISTEN),
-            metrics_addr: layer(&self.metrics_addr, &file.metrics_addr)
-                .unwrap_or(defaults::METRICS_ADDR),
-            log_format: layer(&self.log_format, &file.log_format).unwrap_or_default(),
-            shutdown_grace: duration("shutdown-grace", self.shutdown_grace, &file.shutdown_grace)?
-                .unwrap_or(defaults::SHUTDOWN_GRACE),
-            report_interval: duration(
-                "report-interval",
-                self.report_interval,
-                &file.report_interval,
-            )?
-            .unwrap_or(defaults::REPORT_INTERVAL),
-            content_type,
-            processed_retention: duration(
-                "processed-retention",
-                self.processed_retention,
-                &file.processed_retention,
-            )?,
-            pod_name,
-        })
+    let relay_name = layer(&args.relay_name, &file.relay_name).unwrap_or_else(|| name.to_string());
+    if relay_name.is_empty()
+        || relay_name.len() > defaults::RELAY_NAME_MAX
+        || relay_name.chars().any(char::is_control)
+    {
+        return Err(ConfigError::new(
+            "relay-name",
+            format!(
+                "must be 1 to {} printable characters",
+                defaults::RELAY_NAME_MAX
+            ),
+        ));
     }
+
+    Ok(TableConfig {
+        database_url,
+        table: OutboxTable {
+            name,
+            columns,
+            mode: layer(&args.mode, &file.mode).unwrap_or_default(),
+        },
+        relay_name,
+    })
+}
+
+/// Resolves the options of `run`.
+pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
+    let file = load_file(&args.table)?;
+    let db = resolve_table_with(&args.table, &file)?;
+
+    let amqp_url = url(
+        "amqp-url",
+        layer(&args.amqp_url, &file.amqp_url),
+        "AMQP_URL",
+        UrlKind::Amqp,
+    )?;
+
+    let exchange =
+        layer(&args.exchange, &file.exchange).unwrap_or_else(|| defaults::EXCHANGE.into());
+    short_string("exchange", &exchange)?;
+    let routing_key = match layer(&args.routing_key, &file.routing_key) {
+        Some(key) => {
+            short_string("routing-key", &key)?;
+            RoutingKey::Static(key)
+        }
+        None if db.table.columns.routing_key.is_some() => RoutingKey::Column,
+        None => RoutingKey::Type,
+    };
+    let dead_letter_exchange = layer(&args.dead_letter_exchange, &file.dead_letter_exchange);
+    if let Some(dlx) = &dead_letter_exchange {
+        short_string("dead-letter-exchange", dlx)?;
+    }
+    let content_type = layer(&args.content_type, &file.content_type);
+    if let Some(ct) = &content_type {
+        short_string("content-type", ct)?;
+    }
+
+    let batch_size = ranged(
+        "batch-size",
+        layer(&args.batch_size, &file.batch_size),
+        defaults::BATCH_SIZE,
+        defaults::BATCH_SIZE_RANGE,
+    )? as usize;
+    let workers = ranged(
+        "workers",
+        layer(&args.workers, &file.workers),
+        defaults::WORKERS,
+        defaults::WORKERS_RANGE,
+    )? as usize;
+    let inflight_batches = ranged(
+        "inflight-batches",
+        layer(&args.inflight_batches, &file.inflight_batches),
+        defaults::INFLIGHT_BATCHES,
+        defaults::INFLIGHT_BATCHES_RANGE,
+    )? as usize;
+    let max_attempts = ranged(
+        "max-attempts",
+        layer(&args.max_attempts, &file.max_attempts),
+        defaults::MAX_ATTEMPTS,
+        defaults::MAX_ATTEMPTS_RANGE,
+    )? as i32;
+
+    let pod_name = layer(&args.pod_name, &file.pod_name)
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+
+    Ok(RelayConfig {
+        db,
+        amqp_url,
+        exchange,
+        declare_exchange: layer(&args.declare_exchange, &file.declare_exchange),
+        routing_key,
+        batch_size,
+        workers,
+        inflight_batches,
+        publisher_confirms: layer(&args.publisher_confirms, &file.publisher_confirms)
+            .unwrap_or(defaults::PUBLISHER_CONFIRMS),
+        mandatory: layer(&args.mandatory, &file.mandatory).unwrap_or(defaults::MANDATORY),
+        publish_timeout: duration(
+            "publish-timeout",
+            args.publish_timeout,
+            &file.publish_timeout,
+        )?
+        .unwrap_or(defaults::PUBLISH_TIMEOUT),
+        max_attempts,
+        dead_letter_exchange,
+        poll_interval: duration("poll-interval", args.poll_interval, &file.poll_interval)?
+            .unwrap_or(defaults::POLL_INTERVAL),
+        listen: layer(&args.listen, &file.listen).unwrap_or(defaults::LISTEN),
+        metrics_addr: layer(&args.metrics_addr, &file.metrics_addr)
+            .unwrap_or(defaults::METRICS_ADDR),
+        log_format: layer(&args.log_format, &file.log_format).unwrap_or_default(),
+        shutdown_grace: duration("shutdown-grace", args.shutdown_grace, &file.shutdown_grace)?
+            .unwrap_or(defaults::SHUTDOWN_GRACE),
+        report_interval: duration(
+            "report-interval",
+            args.report_interval,
+            &file.report_interval,
+        )?
+        .unwrap_or(defaults::REPORT_INTERVAL),
+        content_type,
+        processed_retention: duration(
+            "processed-retention",
+            args.processed_retention,
+            &file.processed_retention,
+        )?,
+        pod_name,
+    })
 }
 
 #[cfg(test)]
@@ -361,7 +306,7 @@ mod tests {
 
     #[test]
     fn defaults_match_the_reference_table() {
-        let config = run_args().resolve().unwrap();
+        let config = resolve_run(&run_args()).unwrap();
         assert_eq!(config.db.table.name.to_string(), "outbox_messages");
         assert_eq!(config.db.table.columns, Columns::default());
         assert_eq!(config.batch_size, 500);
@@ -378,13 +323,12 @@ mod tests {
                 .unwrap();
         let mut args = run_args();
         args.batch_size = Some(70);
-        let db = args.table.resolve_with(&file).unwrap();
+        let db = resolve_table_with(&args.table, &file).unwrap();
         assert_eq!(db.table.name.to_string(), "app.events");
         assert_eq!(db.table.columns.payload.as_str(), "body");
         args.table.table = Some("other".into());
         assert_eq!(
-            args.table
-                .resolve_with(&file)
+            resolve_table_with(&args.table, &file)
                 .unwrap()
                 .table
                 .name
@@ -425,7 +369,7 @@ mod tests {
         for (mutate, field) in cases {
             let mut args = run_args();
             mutate(&mut args);
-            let err = args.resolve().unwrap_err();
+            let err = resolve_run(&args).unwrap_err();
             assert_eq!(err.field, field, "{err}");
             assert!(err.to_string().starts_with(&format!("invalid --{field}: ")));
         }
@@ -542,12 +486,12 @@ mod tests {
                     table: Some(table),
                     ..Default::default()
                 };
-                match args.resolve() {
+                match resolve_table(&args) {
                     Ok(config) => prop_assert!(config.table.name.quoted().starts_with('"')),
                     Err(e) => prop_assert_eq!(e.field, "table"),
                 }
                 args.table = None;
-                prop_assert!(args.resolve().is_ok());
+                prop_assert!(resolve_table(&args).is_ok());
             }
         }
     }

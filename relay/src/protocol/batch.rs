@@ -9,8 +9,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::Semaphore;
 
-use super::claim::{ClaimStart, ClaimedRow, claim_query, decode_all};
-use super::message::{Malformed, dead_letter, to_message};
+use super::claim::{ClaimStart, claim_query, decode_all};
+use super::message::{dead_letter, to_message};
+use super::row::{ClaimedRow, Malformed};
 use super::settle::{RowError, RowOutcome, SettleCounts, settle_query};
 use crate::broker::routing::RoutingKey;
 use crate::broker::{

@@ -7,9 +7,8 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Column as _, Postgres, Row};
-use uuid::Uuid;
 
-use super::message::{Column, Malformed};
+use super::row::{ClaimedRow, Column, Malformed};
 use crate::table::sql::{Statements, columns};
 
 /// How far before the database's now() the recent claim starts: a row whose transaction took
@@ -47,20 +46,6 @@ pub fn claim_query(
             .bind(limit)
             .bind(position),
     }
-}
-
-/// A claimed row, decoded.
-#[derive(Debug, Clone)]
-pub struct ClaimedRow {
-    pub id: Uuid,
-    pub kind: Option<String>,
-    pub payload: Option<Vec<u8>>,
-    pub occurred_at: Option<DateTime<Utc>>,
-    pub routing_key: Option<String>,
-    pub headers: Option<serde_json::Value>,
-    pub attempts: i32,
-    /// Set when a column could not be read as the message needs it.
-    pub malformed: Option<Malformed>,
 }
 
 /// Decodes the claimed rows by the claim's column names ([`columns`]).
@@ -150,18 +135,26 @@ fn text_column(
 }
 
 #[cfg(test)]
-impl ClaimedRow {
-    /// A well-formed row, for tests to vary.
-    pub fn sample() -> Self {
-        ClaimedRow {
-            id: Uuid::nil(),
-            kind: Some("OrderCreated".into()),
-            payload: Some(b"{}".to_vec()),
-            occurred_at: None,
-            routing_key: Some("orders".into()),
-            headers: None,
-            attempts: 0,
-            malformed: None,
+mod tests {
+    use super::*;
+    use crate::table::ident::TableName;
+    use crate::table::inspect::PayloadKind;
+    use crate::table::outbox::OutboxTable;
+    use sqlx::{Arguments, Execute};
+
+    #[test]
+    fn each_claim_binds_as_many_values_as_its_statement_takes() {
+        let table = OutboxTable::new(TableName::parse("outbox").unwrap());
+        let statements = Statements::new(&table, PayloadKind::Json);
+        // table::sql's tests check that the statements take $1, $1..$3 and $1..$2.
+        for (start, values) in [
+            (ClaimStart::Head, 1),
+            (ClaimStart::Recent { horizon: None }, 3),
+            (ClaimStart::After(Utc::now()), 2),
+        ] {
+            let mut query = claim_query(&statements, 10, start);
+            let arguments = query.take_arguments().unwrap().expect("bound values");
+            assert_eq!(arguments.len(), values, "{start:?}");
         }
     }
 }

@@ -1,42 +1,11 @@
 //! Turning claimed rows into messages: the main message of a row, or why the row cannot be one,
 //! and the dead letter of a row given up on.
 
-use super::claim::ClaimedRow;
+use super::row::{ClaimedRow, Column, Malformed};
 use crate::broker::Message;
-use crate::broker::headers::{self, HeadersError};
+use crate::broker::headers;
 use crate::broker::routing::RoutingKey;
 use crate::defaults::AMQP_SHORT_STRING_MAX;
-
-/// A column of the claim that a message needs in a certain shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Column {
-    Type,
-    Payload,
-    RoutingKey,
-}
-
-impl std::fmt::Display for Column {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Column::Type => "type",
-            Column::Payload => "payload",
-            Column::RoutingKey => "routing key",
-        })
-    }
-}
-
-/// Why a row cannot become a message: it is dead-lettered at once, with this text as its error.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Malformed {
-    #[error("malformed row: the {0} is not valid UTF-8")]
-    NotUtf8(Column),
-    #[error("malformed row: the {0} column is NULL")]
-    Null(Column),
-    #[error("malformed row: {column} is {len} bytes; AMQP allows at most {max}", max = AMQP_SHORT_STRING_MAX)]
-    TooLong { column: Column, len: usize },
-    #[error("malformed row: {0}")]
-    Headers(#[from] HeadersError),
-}
 
 /// The value of `column` when it fits an AMQP short string.
 fn short_string(column: Column, value: &str) -> Result<&str, Malformed> {

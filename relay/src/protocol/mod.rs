@@ -6,4 +6,5 @@ pub mod batch;
 pub mod claim;
 pub mod cursor;
 pub mod message;
+pub mod row;
 pub mod settle;

@@ -6,8 +6,7 @@ use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 
-use super::claim::ClaimedRow;
-use super::message::Malformed;
+use super::row::{ClaimedRow, Malformed};
 use crate::broker::Rejection;
 use crate::table::sql::Statements;
 

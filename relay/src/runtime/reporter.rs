@@ -61,7 +61,7 @@ pub async fn run_reporter(ctx: ReporterContext) {
                     session = Some(Session {
                         conn,
                         measurer: false,
-                    })
+                    });
                 }
                 Err(e) => {
                     warn!(error = %e, "reporter cannot reach PostgreSQL; skipping this report");

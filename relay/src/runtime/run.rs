@@ -61,7 +61,7 @@ async fn inspect_with_retry(
             Ok(shape) => return Ok(Some(shape)),
             Err(e) if e.is_user_error() => return Err(RunError::Table(e)),
             Err(e) => {
-                warn!(database = %config.db.database_url, error = %e, "PostgreSQL unreachable at start; retrying")
+                warn!(database = %config.db.database_url, error = %e, "PostgreSQL unreachable at start; retrying");
             }
         }
         tokio::select! {

@@ -50,9 +50,9 @@ impl ConnectedFlag {
     fn set(&mut self, up: bool) {
         if up != self.up {
             if up {
-                self.gauge.inc()
+                self.gauge.inc();
             } else {
-                self.gauge.dec()
+                self.gauge.dec();
             }
             self.up = up;
         }
@@ -127,7 +127,7 @@ impl<T> Link<T> {
 pub async fn run_worker<C: Connector>(ctx: WorkerContext<C>, worker: usize) {
     run_worker_loop(ctx)
         .instrument(info_span!("worker", worker))
-        .await
+        .await;
 }
 
 async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {

@@ -260,18 +260,49 @@ mod tests {
         assert!(!utf8.claim.contains("convert_to"));
     }
 
+    /// The `$n` placeholders of a statement, in order of first appearance.
+    fn placeholders(sql: &str) -> Vec<u32> {
+        let mut found = Vec::new();
+        let mut rest = sql;
+        while let Some(at) = rest.find('$') {
+            rest = &rest[at + 1..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(n) = digits.parse()
+                && !found.contains(&n)
+            {
+                found.push(n);
+            }
+        }
+        found
+    }
+
     #[test]
     fn every_statement_binds_its_values() {
-        let s = Statements::new(&table(), PayloadKind::Text);
-        for text in [
-            &s.claim,
-            &s.claim_from,
-            &s.claim_recent,
-            &s.settle_all_published,
-            &s.settle_outcomes,
-            &s.backlog,
-        ] {
-            assert!(text.contains("$1"), "{text}");
+        // Every mode and every optional column, so each variant of each statement is checked.
+        let mut t = table();
+        t.columns.routing_key = Some(Ident::new("rk").unwrap());
+        t.columns.headers = Some(Ident::new("hdrs").unwrap());
+        t.columns.attempts = Some(Ident::new("tries").unwrap());
+        for mode in [DeliveryMode::Mark, DeliveryMode::Delete] {
+            t.mode = mode;
+            let s = Statements::new(&t, PayloadKind::Text);
+            // Each statement with the values its callers bind: $1..$n, every one used.
+            for (text, values) in [
+                (&s.claim, 1),
+                (&s.claim_from, 2),
+                (&s.claim_recent, 3),
+                (&s.settle_all_published, 1),
+                (&s.settle_outcomes, 3),
+                (&s.backlog, 1),
+                (&s.oldest_age, 0),
+                (&s.purge_processed, 2),
+            ] {
+                let mut used = placeholders(text);
+                used.sort_unstable();
+                assert_eq!(used, (1..=values).collect::<Vec<u32>>(), "{text}");
+                // No value is formatted in: the text holds no string literal at all.
+                assert!(!text.contains('\''), "a literal in {text}");
+            }
         }
     }
 }

@@ -31,7 +31,7 @@ fn merge_fields(live: &mut Value, applied: &Value) {
                 }
                 match live.get_mut(key) {
                     Some(existing) if existing.is_object() && value.is_object() => {
-                        merge_fields(existing, value)
+                        merge_fields(existing, value);
                     }
                     _ => {
                         live.insert(key.clone(), value.clone());

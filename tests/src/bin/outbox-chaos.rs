@@ -179,6 +179,7 @@ impl Run {
 
 fn signal(child: &Child, sig: i32) {
     if let Some(pid) = child.id() {
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
         unsafe { libc::kill(pid as i32, sig) };
     }
 }
