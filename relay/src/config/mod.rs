@@ -405,6 +405,71 @@ mod tests {
         }
     }
 
+    /// The help texts say the defaults in words; they must be the ones that apply.
+    #[test]
+    fn help_texts_state_the_defaults_that_apply() {
+        use crate::table::outbox::DeliveryMode;
+        use clap::ValueEnum;
+        let command = <RunArgs as clap::Args>::augment_args(clap::Command::new("run"));
+        let help = |id: &str| {
+            command
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_else(|| panic!("no help for {id}"))
+        };
+        let duration = |d: Duration| humantime::format_duration(d).to_string();
+        let name = |v: clap::builder::PossibleValue| v.get_name().to_string();
+        let stated = [
+            ("table", defaults::TABLE.to_string()),
+            ("id_column", defaults::columns::ID.into()),
+            ("type_column", defaults::columns::TYPE.into()),
+            ("payload_column", defaults::columns::PAYLOAD.into()),
+            ("occurred_at_column", defaults::columns::OCCURRED_AT.into()),
+            (
+                "processed_at_column",
+                defaults::columns::PROCESSED_AT.into(),
+            ),
+            ("error_column", defaults::columns::ERROR.into()),
+            (
+                "mode",
+                name(DeliveryMode::default().to_possible_value().unwrap()),
+            ),
+            ("exchange", defaults::EXCHANGE.into()),
+            ("batch_size", defaults::BATCH_SIZE.to_string()),
+            ("workers", defaults::WORKERS.to_string()),
+            ("inflight_batches", defaults::INFLIGHT_BATCHES.to_string()),
+            ("max_attempts", defaults::MAX_ATTEMPTS.to_string()),
+            ("publish_timeout", duration(defaults::PUBLISH_TIMEOUT)),
+            ("poll_interval", duration(defaults::POLL_INTERVAL)),
+            ("metrics_addr", defaults::METRICS_ADDR.to_string()),
+            (
+                "log_format",
+                name(LogFormat::default().to_possible_value().unwrap()),
+            ),
+            ("shutdown_grace", duration(defaults::SHUTDOWN_GRACE)),
+            ("report_interval", duration(defaults::REPORT_INTERVAL)),
+        ];
+        for (id, default) in stated {
+            let text = help(id);
+            assert!(
+                text.trim_end_matches('.')
+                    .ends_with(&format!("Default: {default}")),
+                "{id}: {text}"
+            );
+        }
+        for (id, range) in [
+            ("batch_size", defaults::BATCH_SIZE_RANGE),
+            ("workers", defaults::WORKERS_RANGE),
+            ("max_attempts", defaults::MAX_ATTEMPTS_RANGE),
+        ] {
+            let text = help(id);
+            let stated = format!("({}..={})", range.start(), range.end());
+            assert!(text.contains(&stated), "{id}: {text}");
+        }
+    }
+
     #[test]
     fn file_keys_are_checked() {
         let err = FileConfig::parse("batch_sise: 5\n").unwrap_err();
