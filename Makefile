@@ -8,7 +8,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: all build release demo test test-rust lint services control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
+.PHONY: all build release demo test test-rust lint module-check fuzz services control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
 
 all: build
 
@@ -25,8 +25,9 @@ services:
 demo: services release
 	./scripts/demo.sh
 
-## test: everything CI runs.
-test: control-plane services test-rust chart-check bench-smoke chaos-smoke
+## test: everything CI runs: the control plane's build first (it says at once when Go is
+## missing), then lint, the tests, the chart check, the smoke runs and the fuzz run.
+test: control-plane services lint test-rust chart-check bench-smoke chaos-smoke fuzz
 
 ## control-plane: build etcd, kube-apiserver, kube-controller-manager and kubectl for the tests
 ## (once; cached under ~/.cache/outbox-relay/control-plane, keyed by its inputs).
@@ -37,9 +38,14 @@ test-rust:
 	$(CARGO) build --workspace --all-targets --release
 	$(CARGO) test --workspace --release -- --test-threads=4
 
-lint:
+## lint: formatting, clippy with warnings denied, and no import circle between the relay's modules.
+lint: module-check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## module-check: installs cargo-modules into $HOME/.cargo when missing.
+module-check:
+	./scripts/module-check.sh
 
 fmt:
 	$(CARGO) fmt --all
@@ -57,15 +63,18 @@ chart-check:
 bench: services release
 	$(TARGET_DIR)/release/outbox-bench $(BENCH_ARGS)
 
-bench-smoke: services
+bench-smoke: services release
 	$(TARGET_DIR)/release/outbox-bench --smoke
 
 chaos: services release
 	$(TARGET_DIR)/release/outbox-chaos $(CHAOS_ARGS)
 
-## chaos-smoke: a seconds-long chaos run and a longer property-based fuzz of the parsers.
-chaos-smoke: services
+## chaos-smoke: a seconds-long chaos run.
+chaos-smoke: services release
 	$(TARGET_DIR)/release/outbox-chaos --smoke
+
+## fuzz: a longer property-based fuzz of the parsers than the unit tests run.
+fuzz:
 	PROPTEST_CASES=2000 $(CARGO) test --workspace --release -q fuzz_
 
 e2e-cluster:

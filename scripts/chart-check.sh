@@ -512,9 +512,10 @@ def dashboard_files():
 def relay_example():
     """config/relay.example.yaml uses only keys the relay's FileConfig accepts (parsed from the
     Rust source, so a renamed key fails here before a user meets it)."""
-    src = open(os.path.join(ROOT, "relay/src/config.rs")).read()
+    config = os.path.join(ROOT, "relay/src/config")
 
-    def fields(struct):
+    def fields(struct, file):
+        src = open(os.path.join(config, file)).read()
         body = re.search(r"pub struct " + struct + r" \{(.*?)\n\}", src, re.S).group(1)
         names = []
         rename = None
@@ -528,7 +529,8 @@ def relay_example():
                 rename = None
         return set(names)
 
-    top, cols = fields("FileConfig"), fields("FileColumns")
+    # The file's columns: map is the same struct as the column flags.
+    top, cols = fields("FileConfig", "file.rs"), fields("ColumnArgs", "args.rs")
     path = os.path.join(ROOT, "config/relay.example.yaml")
 
     def keys():

@@ -3,8 +3,8 @@
 use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox_relay::config::ExchangeType;
-use outbox_relay::consume::{Topology, declare};
+use outbox_relay::broker::routing::ExchangeType;
+use outbox_relay::tools::consume::{Topology, declare};
 
 /// The broker side of one measurement: a durable fanout exchange and, when a consumer drains
 /// it, a durable queue bound to it.

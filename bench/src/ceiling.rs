@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
-use outbox_relay::seed::ARTICLE_TYPE;
+use outbox_relay::tools::seed::ARTICLE_TYPE;
 use uuid::Uuid;
 
 use crate::measure::{Measurement, sample_in_process};

@@ -2,10 +2,10 @@
 //! server (generate_series, no client round trips), migrated with the relay's own migration,
 //! vacuumed so every measurement starts from the same clean state, and dropped afterwards.
 
-use outbox_relay::ident::TableName;
-use outbox_relay::migrate::{MigrationOptions, migrate};
-use outbox_relay::seed::ARTICLE_TYPE;
+use outbox_relay::table::ident::TableName;
+use outbox_relay::table::migrate::{MigrationOptions, migrate};
 use outbox_relay::table::{DeliveryMode, OutboxTable};
+use outbox_relay::tools::seed::ARTICLE_TYPE;
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 use crate::workload::Workload;

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_relay::migrate::MigrationOptions;
 use outbox_relay::table::DeliveryMode;
+use outbox_relay::table::migrate::MigrationOptions;
 use serde::Serialize;
 
 use crate::broker::Destination;

@@ -25,7 +25,7 @@ use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use outbox_relay::migrate::{AUTOVACUUM_OFF_WARNING, IndexAction};
+use outbox_relay::table::migrate::{AUTOVACUUM_OFF_WARNING, IndexAction};
 
 use crate::crd::{OutboxRelay, OutboxRelayStatus};
 use crate::deployment::{

@@ -589,8 +589,17 @@ pub struct OutboxRelayStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// Default values, one function each because serde and the schema need functions.
+/// Default values, one function each because serde and the schema need functions. Where the
+/// field is a relay option they return the relay's own default (`outbox_relay::defaults`), so
+/// the CRD and `outbox-relay run` never disagree; the Kubernetes-only ones are written here.
 pub mod defaults {
+    use outbox_relay::defaults as relay;
+
+    /// A duration as the CRD writes it (`10s`, `200ms`), the pattern the schema enforces.
+    fn duration(d: std::time::Duration) -> String {
+        humantime::format_duration(d).to_string()
+    }
+
     pub fn replicas() -> i32 {
         1
     }
@@ -598,52 +607,52 @@ pub mod defaults {
         "url".into()
     }
     pub fn table() -> String {
-        "outbox_messages".into()
+        relay::TABLE.into()
     }
     pub fn id_column() -> String {
-        "id".into()
+        relay::columns::ID.into()
     }
     pub fn type_column() -> String {
-        "type".into()
+        relay::columns::TYPE.into()
     }
     pub fn payload_column() -> String {
-        "content".into()
+        relay::columns::PAYLOAD.into()
     }
     pub fn occurred_at_column() -> String {
-        "occurred_on_utc".into()
+        relay::columns::OCCURRED_AT.into()
     }
     pub fn processed_at_column() -> String {
-        "processed_on_utc".into()
+        relay::columns::PROCESSED_AT.into()
     }
     pub fn error_column() -> String {
-        "error".into()
+        relay::columns::ERROR.into()
     }
     pub fn exchange() -> String {
-        "outbox".into()
+        relay::EXCHANGE.into()
     }
     pub fn yes() -> bool {
         true
     }
     pub fn batch_size() -> i32 {
-        500
+        relay::BATCH_SIZE as i32
     }
     pub fn workers_per_pod() -> i32 {
-        2
+        relay::WORKERS as i32
     }
     pub fn inflight_batches() -> i32 {
-        1
+        relay::INFLIGHT_BATCHES as i32
     }
     pub fn max_attempts() -> i32 {
-        5
+        relay::MAX_ATTEMPTS as i32
     }
     pub fn publish_timeout() -> String {
-        "10s".into()
+        duration(relay::PUBLISH_TIMEOUT)
     }
     pub fn poll_interval() -> String {
-        "200ms".into()
+        duration(relay::POLL_INTERVAL)
     }
     pub fn report_interval() -> String {
-        "5s".into()
+        duration(relay::REPORT_INTERVAL)
     }
     pub fn termination_grace_period_seconds() -> i64 {
         30

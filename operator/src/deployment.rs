@@ -22,7 +22,8 @@ use crate::validation::RelayPlan;
 /// Where the relay binary lives in the shared image.
 pub const RELAY_BINARY: &str = "/usr/local/bin/outbox-relay";
 /// The relay serves /metrics, /healthz and /readyz here.
-pub const METRICS_PORT: i32 = 9090;
+/// The relay's default metrics port, as the container port type wants it.
+pub const METRICS_PORT: i32 = outbox_relay::defaults::METRICS_PORT as i32;
 pub const METRICS_PORT_NAME: &str = "metrics";
 pub const CONTAINER_NAME: &str = "relay";
 /// Hash of the desired Deployment; equal hashes mean nothing to apply.

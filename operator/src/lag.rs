@@ -7,10 +7,11 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use outbox_relay::inspect::inspect;
-use outbox_relay::reports::{DEFAULT_BACKLOG_CAP, measure_backlog, read_reports, summarize};
+use outbox_relay::defaults::BACKLOG_CAP;
 use outbox_relay::secret_url::SecretUrl;
-use outbox_relay::sql::Statements;
+use outbox_relay::table::inspect::inspect;
+use outbox_relay::table::reports::{measure_backlog, read_reports, summarize};
+use outbox_relay::table::sql::Statements;
 use sqlx::Connection;
 
 use crate::error::Error;
@@ -49,7 +50,7 @@ pub async fn observe_lag(
                 .await
                 .map_err(|e| e.to_string())?;
             let statements = Statements::for_shape(&plan.table, &shape);
-            let backlog = measure_backlog(&mut conn, &statements, DEFAULT_BACKLOG_CAP)
+            let backlog = measure_backlog(&mut conn, &statements, BACKLOG_CAP)
                 .await
                 .map_err(|e| e.to_string())?;
             return Ok(LagObservation {

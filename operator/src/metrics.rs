@@ -1,5 +1,6 @@
 //! Prometheus metrics of the operator: reconciles, failures by cause, and duration, per relay.
 
+use outbox_relay::metrics::registered;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 
 use crate::error::Error;
@@ -15,34 +16,32 @@ impl Default for Metrics {
     fn default() -> Self {
         let registry = Registry::new_custom(Some("outbox_operator".into()), None)
             .expect("static prefix is valid");
-        let reconciles = IntCounterVec::new(
-            Opts::new("reconciles_total", "Reconciles started, by relay"),
-            &["relay"],
-        )
-        .expect("static metric definition");
-        let failures = IntCounterVec::new(
-            Opts::new(
-                "reconcile_failures_total",
-                "Reconciles that failed, by relay and cause",
+        let r = &registry;
+        let reconciles = registered(
+            r,
+            IntCounterVec::new(
+                Opts::new("reconciles_total", "Reconciles started, by relay"),
+                &["relay"],
             ),
-            &["relay", "error"],
-        )
-        .expect("static metric definition");
-        let duration = HistogramVec::new(
-            HistogramOpts::new("reconcile_duration_seconds", "Time one reconcile took")
-                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
-            &["relay"],
-        )
-        .expect("static metric definition");
-        for collector in [
-            Box::new(reconciles.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(failures.clone()),
-            Box::new(duration.clone()),
-        ] {
-            registry
-                .register(collector)
-                .expect("each metric registers once");
-        }
+        );
+        let failures = registered(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "reconcile_failures_total",
+                    "Reconciles that failed, by relay and cause",
+                ),
+                &["relay", "error"],
+            ),
+        );
+        let duration = registered(
+            r,
+            HistogramVec::new(
+                HistogramOpts::new("reconcile_duration_seconds", "Time one reconcile took")
+                    .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+                &["relay"],
+            ),
+        );
         Self {
             registry,
             reconciles,

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use outbox_relay::inspect::InspectError;
-use outbox_relay::migrate::{MigrateError, MigrationReport, migrate};
 use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::table::inspect::InspectError;
+use outbox_relay::table::migrate::{MigrateError, MigrationReport, migrate};
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 

@@ -398,7 +398,7 @@ async fn spec_change_updates_the_deployment_and_advances_observed_generation() {
     let table = create_outbox_table().await;
     // The table was migrated for generation 1 already (by `outbox-relay migrate`, say).
     let plan = validate(&spec_for_table(&table)).unwrap();
-    outbox_relay::migrate::migrate(&mut connect().await, &plan.table, &plan.migration)
+    outbox_relay::table::migrate::migrate(&mut connect().await, &plan.table, &plan.migration)
         .await
         .unwrap();
     let (mut relay, live, _) = settled_relay(&table, 1);
@@ -714,7 +714,7 @@ async fn scaling_relay(
         .unwrap(),
     );
     let plan = validate(&relay.spec).unwrap();
-    outbox_relay::migrate::migrate(&mut connect().await, &plan.table, &plan.migration)
+    outbox_relay::table::migrate::migrate(&mut connect().await, &plan.table, &plan.migration)
         .await
         .unwrap();
     let (ctx, handle) = mock_context(Settings::default());
@@ -745,7 +745,9 @@ fn live_deployment(relay: &OutboxRelay, replicas: i32) -> Value {
 }
 
 fn outbox_table(table: &str) -> outbox_relay::table::OutboxTable {
-    outbox_relay::table::OutboxTable::new(outbox_relay::ident::TableName::parse(table).unwrap())
+    outbox_relay::table::OutboxTable::new(
+        outbox_relay::table::ident::TableName::parse(table).unwrap(),
+    )
 }
 
 async fn report_backlog(table: &str, pod: &str, backlog: Option<i64>, rate: f64) {
@@ -814,7 +816,7 @@ async fn reported_backlog_scales_up_within_the_rate_policy_with_an_event() {
 async fn at_zero_pods_the_operator_measures_and_wakes_the_relay() {
     let (relay, table, ctx, handle) = scaling_relay(0, 4, 1000).await;
     let mut conn = connect().await;
-    outbox_relay::seed::copy_rows(&mut conn, &outbox_table(&table), 30, 50, |_| {})
+    outbox_relay::tools::seed::copy_rows(&mut conn, &outbox_table(&table), 30, 50, |_| {})
         .await
         .unwrap();
     let mut script = secret_steps();

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
-use outbox_relay::migrate::IndexAction;
+use outbox_relay::table::migrate::IndexAction;
 
 use crate::autoscaler::{Limit, Reason};
 use crate::conditions::{
@@ -267,7 +267,7 @@ fn rollout_condition(observed: &Observation<'_>) -> NewCondition {
 mod tests {
     use super::*;
     use k8s_openapi::api::apps::v1::DeploymentStatus;
-    use outbox_relay::migrate::MigrationReport;
+    use outbox_relay::table::migrate::MigrationReport;
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(seconds).unwrap()

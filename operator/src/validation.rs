@@ -6,14 +6,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use outbox_relay::ident::{Ident, TableName};
-use outbox_relay::migrate::MigrationOptions;
+use outbox_relay::defaults::AMQP_SHORT_STRING_MAX;
+use outbox_relay::table::ident::{Ident, TableName};
+use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::table::{Columns, DeliveryMode as TableDeliveryMode, OutboxTable};
 
 use crate::crd::{DeliveryMode, OutboxRelaySpec, ScalingRules, ScalingSpec};
-
-/// AMQP short strings (exchange, routing key) are limited to 255 bytes.
-const AMQP_SHORT_STRING_MAX: usize = 255;
 
 /// One problem with the spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,7 +99,10 @@ impl Checker {
         if value.len() > AMQP_SHORT_STRING_MAX {
             self.fail(
                 path,
-                format!("is {} bytes; AMQP allows at most 255", value.len()),
+                format!(
+                    "is {} bytes; AMQP allows at most {AMQP_SHORT_STRING_MAX}",
+                    value.len()
+                ),
             );
         }
     }

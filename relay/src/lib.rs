@@ -2,25 +2,36 @@
 //!
 //! This crate owns everything about the outbox table: identifiers, SQL, the migration and the
 //! lag measurement. The operator calls these functions; it never writes SQL of its own.
+//!
+//! The modules are layered, and each imports only from the ones listed before it (`make lint`
+//! checks that no module imports form a circle):
+//!
+//! - [`defaults`]: every default value and limit of the relay's options, in one place;
+//! - [`secret_url`] and [`metrics`]: leaves shared by everything above;
+//! - [`table`]: identifiers, the table's shape, its SQL, the migration and the lag reports;
+//! - [`broker`]: the publisher trait (publish a batch, await its confirms) and its AMQP 0-9-1
+//!   implementation;
+//! - [`protocol`]: one batch of the table protocol (claim, publish, settle), generic over the
+//!   publisher, and where the next claim starts;
+//! - [`config`]: the options of each command, layered flags > environment > file > defaults;
+//! - [`runtime`]: a running relay process: workers, reporter, LISTEN task, HTTP endpoints;
+//! - [`tools`]: load generation and a counting consumer, for demos and benchmarks;
+//! - [`cli`]: the `outbox-relay` commands.
 
-pub mod backoff;
-pub mod batch;
-pub mod claim_cursor;
-pub mod config;
-pub mod consume;
-pub mod database;
-pub mod http;
-pub mod ident;
-pub mod inspect;
-pub mod listener;
+pub mod defaults;
 pub mod metrics;
-pub mod migrate;
-pub mod publisher;
-pub mod relay;
-pub mod reporter;
-pub mod reports;
 pub mod secret_url;
-pub mod seed;
-pub mod sql;
+
 pub mod table;
-pub mod worker;
+
+pub mod broker;
+
+pub mod protocol;
+
+pub mod config;
+
+pub mod runtime;
+
+pub mod tools;
+
+pub mod cli;

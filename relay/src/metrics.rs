@@ -75,109 +75,121 @@ pub struct Metrics {
     pub workers_busy: IntGauge,
 }
 
+/// Registers a new collector in `registry` and hands it back, so each metric is defined in one
+/// expression. Definitions are static, so a bad one or a name used twice is a bug: it panics.
+pub fn registered<C>(registry: &Registry, collector: prometheus::Result<C>) -> C
+where
+    C: prometheus::core::Collector + Clone + 'static,
+{
+    let collector = collector.expect("static metric definition");
+    registry
+        .register(Box::new(collector.clone()))
+        .expect("each metric name registers once");
+    collector
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
-        let published = IntCounter::new(
-            "outbox_relay_messages_published_total",
-            "Messages confirmed by the broker and settled in the table",
-        )
-        .unwrap();
-        let dead_lettered = IntCounter::new(
-            "outbox_relay_messages_dead_lettered_total",
-            "Messages given up on after max attempts or because the row is malformed",
-        )
-        .unwrap();
-        let failures = IntCounterVec::new(
-            Opts::new(
-                "outbox_relay_publish_failures_total",
-                "Messages not confirmed, by reason",
-            ),
-            &["reason"],
-        )
-        .unwrap();
-        let batch_size = Histogram::with_opts(
-            HistogramOpts::new("outbox_relay_batch_size", "Rows claimed per batch").buckets(vec![
-                0.0, 1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
-            ]),
-        )
-        .unwrap();
-        let stage_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "outbox_relay_stage_duration_seconds",
-                "Duration of each batch stage",
-            )
-            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16).unwrap()),
-            &["stage"],
-        )
-        .unwrap();
-        let backlog = IntGauge::new(
-            "outbox_relay_backlog",
-            "Pending rows (capped count) at the last measure",
-        )
-        .unwrap();
-        let backlog_capped = IntGauge::new(
-            "outbox_relay_backlog_capped",
-            "1 when the last backlog count stopped at its cap",
-        )
-        .unwrap();
-        let oldest_age_seconds = Gauge::new(
-            "outbox_relay_oldest_pending_age_seconds",
-            "Age of the oldest pending row at the last measure",
-        )
-        .unwrap();
-        let publish_rate = Gauge::new(
-            "outbox_relay_publish_rate",
-            "Messages per second published by this process",
-        )
-        .unwrap();
-        let database_connected = IntGauge::new(
-            "outbox_relay_database_connected",
-            "Workers connected to PostgreSQL",
-        )
-        .unwrap();
-        let broker_connected = IntGauge::new(
-            "outbox_relay_broker_connected",
-            "Workers connected to the broker",
-        )
-        .unwrap();
-        let workers_busy = IntGauge::new(
-            "outbox_relay_workers_busy",
-            "Workers with a batch in flight",
-        )
-        .unwrap();
-        for collector in [
-            Box::new(published.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(dead_lettered.clone()),
-            Box::new(failures.clone()),
-            Box::new(batch_size.clone()),
-            Box::new(stage_seconds.clone()),
-            Box::new(backlog.clone()),
-            Box::new(backlog_capped.clone()),
-            Box::new(oldest_age_seconds.clone()),
-            Box::new(publish_rate.clone()),
-            Box::new(database_connected.clone()),
-            Box::new(broker_connected.clone()),
-            Box::new(workers_busy.clone()),
-        ] {
-            registry
-                .register(collector)
-                .expect("metric names are unique");
-        }
+        let r = &registry;
         Self {
+            published: registered(
+                r,
+                IntCounter::new(
+                    "outbox_relay_messages_published_total",
+                    "Messages confirmed by the broker and settled in the table",
+                ),
+            ),
+            dead_lettered: registered(
+                r,
+                IntCounter::new(
+                    "outbox_relay_messages_dead_lettered_total",
+                    "Messages given up on after max attempts or because the row is malformed",
+                ),
+            ),
+            failures: registered(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "outbox_relay_publish_failures_total",
+                        "Messages not confirmed, by reason",
+                    ),
+                    &["reason"],
+                ),
+            ),
+            batch_size: registered(
+                r,
+                Histogram::with_opts(
+                    HistogramOpts::new("outbox_relay_batch_size", "Rows claimed per batch")
+                        .buckets(vec![
+                            0.0, 1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
+                            10000.0,
+                        ]),
+                ),
+            ),
+            stage_seconds: registered(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "outbox_relay_stage_duration_seconds",
+                        "Duration of each batch stage",
+                    )
+                    .buckets(
+                        prometheus::exponential_buckets(0.0005, 2.0, 16).expect("static buckets"),
+                    ),
+                    &["stage"],
+                ),
+            ),
+            backlog: registered(
+                r,
+                IntGauge::new(
+                    "outbox_relay_backlog",
+                    "Pending rows (capped count) at the last measure",
+                ),
+            ),
+            backlog_capped: registered(
+                r,
+                IntGauge::new(
+                    "outbox_relay_backlog_capped",
+                    "1 when the last backlog count stopped at its cap",
+                ),
+            ),
+            oldest_age_seconds: registered(
+                r,
+                Gauge::new(
+                    "outbox_relay_oldest_pending_age_seconds",
+                    "Age of the oldest pending row at the last measure",
+                ),
+            ),
+            publish_rate: registered(
+                r,
+                Gauge::new(
+                    "outbox_relay_publish_rate",
+                    "Messages per second published by this process",
+                ),
+            ),
+            database_connected: registered(
+                r,
+                IntGauge::new(
+                    "outbox_relay_database_connected",
+                    "Workers connected to PostgreSQL",
+                ),
+            ),
+            broker_connected: registered(
+                r,
+                IntGauge::new(
+                    "outbox_relay_broker_connected",
+                    "Workers connected to the broker",
+                ),
+            ),
+            workers_busy: registered(
+                r,
+                IntGauge::new(
+                    "outbox_relay_workers_busy",
+                    "Workers with a batch in flight",
+                ),
+            ),
             registry,
-            published,
-            dead_lettered,
-            failures,
-            batch_size,
-            stage_seconds,
-            backlog,
-            backlog_capped,
-            oldest_age_seconds,
-            publish_rate,
-            database_connected,
-            broker_connected,
-            workers_busy,
         }
     }
 

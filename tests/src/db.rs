@@ -1,7 +1,7 @@
 //! A test's own outbox table on the real PostgreSQL.
 
-use outbox_relay::ident::TableName;
 use outbox_relay::table::OutboxTable;
+use outbox_relay::table::ident::TableName;
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 pub async fn connect() -> PgConnection {
@@ -28,11 +28,11 @@ pub async fn scalar_i64(conn: &mut PgConnection, sql: &str) -> i64 {
 /// Creates a reference-shaped table (with the given mapping) and loads `rows` rows.
 pub async fn seeded_table(table: &OutboxTable, rows: u64) -> PgConnection {
     let mut conn = connect().await;
-    outbox_relay::seed::create_table(&mut conn, table)
+    outbox_relay::tools::seed::create_table(&mut conn, table)
         .await
         .expect("create table");
     if rows > 0 {
-        outbox_relay::seed::copy_rows(&mut conn, table, rows, 50, |_| {})
+        outbox_relay::tools::seed::copy_rows(&mut conn, table, rows, 50, |_| {})
             .await
             .expect("seed rows");
     }

@@ -124,12 +124,14 @@ impl RelayProcess {
 
     /// SIGKILL: no chance to finish the batch in flight.
     pub async fn kill9(&mut self) {
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
         unsafe { libc::kill(self.pid(), libc::SIGKILL) };
         let _ = self.child.wait().await;
     }
 
     /// SIGTERM and wait for the exit code.
     pub async fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
         unsafe { libc::kill(self.pid(), libc::SIGTERM) };
         match tokio::time::timeout(timeout, self.child.wait()).await {
             Ok(Ok(status)) => status.code(),

@@ -9,8 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use kube::Api;
 use outbox_operator::OutboxRelay;
-use outbox_relay::reports::REPORTS_TABLE;
 use outbox_relay::table::OutboxTable;
+use outbox_relay::table::REPORTS_TABLE;
 use tokio::task::JoinHandle;
 
 use crate::db;
@@ -84,7 +84,7 @@ async fn record(subject: Subject, recording: Arc<Mutex<Recording>>) {
     let reports_sql = format!(
         "SELECT reported_at, backlog FROM {} WHERE relay = $1 AND backlog IS NOT NULL \
          AND reported_at > $2 ORDER BY reported_at",
-        outbox_relay::ident::Ident::new(REPORTS_TABLE)
+        outbox_relay::table::ident::Ident::new(REPORTS_TABLE)
             .expect("constant is valid")
             .quoted()
     );

@@ -333,7 +333,7 @@ async fn a_spike_scales_up_within_one_polling_interval_drains_and_scales_down_af
     let spike_at = scenario.now();
     let table = scenario.table.clone();
     let mut conn = db::connect().await;
-    outbox_relay::seed::copy_rows(&mut conn, &table, SPIKE_ROWS, 50, |_| {})
+    outbox_relay::tools::seed::copy_rows(&mut conn, &table, SPIKE_ROWS, 50, |_| {})
         .await
         .expect("the spike is loaded");
 
@@ -488,7 +488,7 @@ async fn rows_on_an_idle_table_start_a_pod_from_zero_and_it_returns_to_zero_afte
 
     let arrival = scenario.now();
     let mut conn = db::connect().await;
-    outbox_relay::seed::copy_rows(&mut conn, &scenario.table, 1_000, 50, |_| {})
+    outbox_relay::tools::seed::copy_rows(&mut conn, &scenario.table, 1_000, 50, |_| {})
         .await
         .expect("rows arrive");
     let woke_at = wait_for("a pod to start", Duration::from_secs(60), || async {
@@ -693,7 +693,7 @@ async fn steady_load_inside_the_tolerance_never_changes_the_replicas() {
     let table = scenario.table.clone();
     let inflow = tokio::spawn(async move {
         let mut conn = db::connect().await;
-        outbox_relay::seed::insert_at_rate(&mut conn, &table, STEADY_RATE, rows, 50, |_| {})
+        outbox_relay::tools::seed::insert_at_rate(&mut conn, &table, STEADY_RATE, rows, 50, |_| {})
             .await
             .expect("steady inflow")
     });

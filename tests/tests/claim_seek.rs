@@ -5,10 +5,10 @@
 //! relays still relay rows committed late.
 
 use chrono::{DateTime, Utc};
-use outbox_relay::claim_cursor::RECENT_WINDOW;
-use outbox_relay::inspect::inspect;
-use outbox_relay::migrate::{MigrationOptions, migrate};
-use outbox_relay::sql::Statements;
+use outbox_relay::protocol::claim::RECENT_WINDOW;
+use outbox_relay::table::inspect::inspect;
+use outbox_relay::table::migrate::{MigrationOptions, migrate};
+use outbox_relay::table::sql::Statements;
 use outbox_relay::table::{DeliveryMode, OutboxTable};
 use outbox_tests::{db, unique};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};

@@ -1,7 +1,7 @@
 //! Any identifier the validator accepts names exactly that object in PostgreSQL: quoting
 //! round-trips case, digits and underscores unchanged.
 
-use outbox_relay::ident::{Ident, TableName};
+use outbox_relay::table::ident::{Ident, TableName};
 use outbox_tests::{db, unique};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};

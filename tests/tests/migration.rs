@@ -1,8 +1,10 @@
 //! The migration against the real PostgreSQL: idempotent, repairs INVALID indexes, safe when
 //! run concurrently, and never makes large payloads uninsertable.
 
-use outbox_relay::migrate::{IndexAction, MigrateError, MigrationOptions, index_name, migrate};
 use outbox_relay::table::OutboxTable;
+use outbox_relay::table::migrate::{
+    IndexAction, MigrateError, MigrationOptions, index_name, migrate,
+};
 use outbox_tests::{db, process, unique};
 use rand::Rng;
 use sqlx::PgConnection;

@@ -7,15 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::ExchangeKind;
-use outbox_relay::batch::{BatchSettings, run_batch};
-use outbox_relay::claim_cursor::ClaimStart;
-use outbox_relay::config::{ExchangeType, RoutingKey};
+use outbox_relay::broker::amqp::{AmqpPublisher, AmqpSettings};
+use outbox_relay::broker::routing::{ExchangeType, RoutingKey};
+use outbox_relay::broker::{BatchOutcome, Message, Publisher, Target};
 use outbox_relay::metrics::Metrics;
-use outbox_relay::publisher::{
-    AmqpPublisher, AmqpSettings, BatchOutcome, Message, Publisher, Target,
-};
+use outbox_relay::protocol::batch::{BatchSettings, run_batch};
+use outbox_relay::protocol::claim::ClaimStart;
 use outbox_relay::secret_url::{SecretUrl, UrlKind};
-use outbox_relay::sql::Statements;
+use outbox_relay::table::sql::Statements;
 use outbox_tests::{broker, db, http, process, proxy, unique};
 use tokio::sync::{Barrier, Semaphore};
 
@@ -83,7 +82,7 @@ async fn most_batches_at_the_broker(slots: Option<usize>) -> usize {
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
     let statements = Arc::new(Statements::new(
         &table,
-        outbox_relay::inspect::PayloadKind::Json,
+        outbox_relay::table::inspect::PayloadKind::Json,
     ));
     let settings = Arc::new(settings(slots.map(|n| Arc::new(Semaphore::new(n)))));
     let at_broker = Arc::new(AtomicUsize::new(0));
@@ -161,7 +160,7 @@ async fn a_batch_of_malformed_rows_takes_no_slot() {
         ),
     )
     .await;
-    let statements = Statements::new(&table, outbox_relay::inspect::PayloadKind::Json);
+    let statements = Statements::new(&table, outbox_relay::table::inspect::PayloadKind::Json);
     let slots = Arc::new(Semaphore::new(1));
     let _held_by_another_worker = slots.clone().acquire_owned().await.unwrap();
     let most = Arc::new(AtomicUsize::new(0));
@@ -239,7 +238,7 @@ async fn messages_at_the_broker_without_confirms(workers: &str, extra: &[&str]) 
 
     switch.stall_replies();
     // One COPY, so every row is visible at once and each worker claims a full batch.
-    outbox_relay::seed::copy_rows(&mut conn, &table, PROCESS_ROWS, 50, |_| {})
+    outbox_relay::tools::seed::copy_rows(&mut conn, &table, PROCESS_ROWS, 50, |_| {})
         .await
         .expect("insert rows");
     // Every worker claims within a poll interval; what no slot lets out never arrives.

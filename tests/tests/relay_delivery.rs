@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use lapin::ExchangeKind;
-use outbox_relay::ident::Ident;
 use outbox_relay::table::DeliveryMode;
+use outbox_relay::table::ident::Ident;
 use outbox_tests::{broker, db, process, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,7 +172,7 @@ async fn messages_carry_the_amqp_properties_of_their_row() {
     for id in ids {
         assert_eq!(
             received.types.get(&id).map(String::as_str),
-            Some(outbox_relay::seed::ARTICLE_TYPE)
+            Some(outbox_relay::tools::seed::ARTICLE_TYPE)
         );
     }
 }

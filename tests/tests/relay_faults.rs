@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lapin::ExchangeKind;
-use outbox_relay::ident::Ident;
+use outbox_relay::table::ident::Ident;
 use outbox_tests::{broker, db, process, unique};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

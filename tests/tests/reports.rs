@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox_relay::reports::{read_reports, summarize};
+use outbox_relay::table::reports::{read_reports, summarize};
 use outbox_tests::http::{get as http_get, metrics_addr};
 use outbox_tests::{db, process, unique};
 
@@ -12,7 +12,7 @@ async fn one_pod_measures_every_pod_reports_and_stopped_pods_leave() {
     let name = unique("reports");
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 1_234).await;
-    outbox_relay::migrate::migrate(&mut conn, &table, &Default::default())
+    outbox_relay::table::migrate::migrate(&mut conn, &table, &Default::default())
         .await
         .unwrap();
     // The exchange does not exist, so nothing is relayed and the backlog stays put; the
@@ -119,7 +119,7 @@ async fn reports_of_pods_that_stopped_reporting_age_out() {
     let name = unique("aging");
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 0).await;
-    outbox_relay::migrate::migrate(&mut conn, &table, &Default::default())
+    outbox_relay::table::migrate::migrate(&mut conn, &table, &Default::default())
         .await
         .unwrap();
     let reports = table.reports_table().quoted();

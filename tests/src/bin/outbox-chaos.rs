@@ -10,9 +10,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use outbox_relay::config::ExchangeType;
-use outbox_relay::consume::{Topology, declare};
-use outbox_relay::migrate::{MigrationOptions, migrate};
+use outbox_relay::broker::routing::ExchangeType;
+use outbox_relay::table::migrate::{MigrationOptions, migrate};
+use outbox_relay::tools::consume::{Topology, declare};
 use outbox_tests::chaos::consumer;
 use outbox_tests::chaos::faults::{self, FaultKind};
 use outbox_tests::chaos::report::{ChaosReport, FaultRecord};
@@ -206,6 +206,7 @@ impl Run {
 
 fn signal(child: &Child, sig: i32) {
     if let Some(pid) = child.id() {
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
         unsafe { libc::kill(pid as i32, sig) };
     }
 }

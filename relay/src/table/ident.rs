@@ -99,11 +99,6 @@ impl TableName {
         }
     }
 
-    /// The schema to look the table up in; `None` means the session's search path.
-    pub fn schema_name(&self) -> Option<&str> {
-        self.schema.as_ref().map(Ident::as_str)
-    }
-
     /// A name derived from the table for objects the migration creates (indexes), so that two
     /// outbox tables in one database never collide. Truncated to stay a legal identifier.
     pub fn derived(&self, suffix: &str) -> Ident {

@@ -3,7 +3,7 @@
 
 use sqlx::PgConnection;
 
-use crate::table::OutboxTable;
+use crate::table::outbox::{ColumnRole, OutboxTable};
 
 /// How the payload column is read and which content type it implies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,18 +73,21 @@ fn list(missing: &[(String, String)]) -> String {
 const STRING_TYPES: &[&str] = &["text", "varchar", "bpchar"];
 const TIME_TYPES: &[&str] = &["timestamptz", "timestamp"];
 
-fn expected_types(option: &str) -> (&'static [&'static str], &'static str) {
-    match option {
-        "id-column" => (&["uuid"], "uuid"),
-        "type-column" | "error-column" | "routing-key-column" => (STRING_TYPES, "text or varchar"),
-        "payload-column" => (
+fn expected_types(role: ColumnRole) -> (&'static [&'static str], &'static str) {
+    match role {
+        ColumnRole::Id => (&["uuid"], "uuid"),
+        ColumnRole::Type | ColumnRole::Error | ColumnRole::RoutingKey => {
+            (STRING_TYPES, "text or varchar")
+        }
+        ColumnRole::Payload => (
             &["jsonb", "json", "text", "varchar", "bytea"],
             "jsonb, json, text or bytea",
         ),
-        "occurred-at-column" | "processed-at-column" => (TIME_TYPES, "timestamptz or timestamp"),
-        "headers-column" => (&["jsonb", "json"], "jsonb or json"),
-        "attempts-column" => (&["int2", "int4", "int8"], "an integer type"),
-        _ => (&[], "a known type"),
+        ColumnRole::OccurredAt | ColumnRole::ProcessedAt => {
+            (TIME_TYPES, "timestamptz or timestamp")
+        }
+        ColumnRole::Headers => (&["jsonb", "json"], "jsonb or json"),
+        ColumnRole::Attempts => (&["int2", "int4", "int8"], "an integer type"),
     }
 }
 
@@ -112,21 +115,21 @@ pub async fn inspect(
 
     let mut missing = Vec::new();
     let mut payload = PayloadKind::Json;
-    for (option, column) in table.columns.mapped() {
+    for (role, column) in table.columns.mapped() {
         let Some((_, found)) = columns.iter().find(|(name, _)| name == column.as_str()) else {
-            missing.push((option.to_string(), column.to_string()));
+            missing.push((role.option().to_string(), column.to_string()));
             continue;
         };
-        let (allowed, expected) = expected_types(option);
+        let (allowed, expected) = expected_types(role);
         if !allowed.contains(&found.as_str()) {
             return Err(InspectError::WrongType {
-                option: option.to_string(),
+                option: role.option().to_string(),
                 column: column.to_string(),
                 found: found.clone(),
                 expected,
             });
         }
-        if option == "payload-column" {
+        if role == ColumnRole::Payload {
             payload = match found.as_str() {
                 "jsonb" | "json" => PayloadKind::Json,
                 "bytea" => PayloadKind::Bytes,

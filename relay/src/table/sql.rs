@@ -3,8 +3,20 @@
 
 use std::sync::Arc;
 
-use crate::inspect::{PayloadKind, TableShape};
-use crate::table::{DeliveryMode, OutboxTable};
+use crate::table::inspect::{PayloadKind, TableShape};
+use crate::table::outbox::{DeliveryMode, OutboxTable};
+
+/// The names of the claim's output columns: every row decodes into the same shape whatever is
+/// mapped, and the protocol reads the columns by these names.
+pub mod columns {
+    pub const ID: &str = "id";
+    pub const KIND: &str = "kind";
+    pub const PAYLOAD: &str = "payload";
+    pub const OCCURRED_AT: &str = "occurred_at";
+    pub const ROUTING_KEY: &str = "routing_key";
+    pub const HEADERS: &str = "headers";
+    pub const ATTEMPTS: &str = "attempts";
+}
 
 /// The statements one worker runs, prepared as text at start.
 #[derive(Debug, Clone)]
@@ -57,8 +69,8 @@ impl Statements {
             c.processed_at.quoted(),
             c.error.quoted(),
         );
-        // Every row decodes into the same shape whatever is mapped, so the worker reads
-        // columns by position without branching per table.
+        // Every row decodes into the same shape whatever is mapped (see `columns`), so the
+        // worker reads it without branching per table.
         // In a SQL_ASCII database, converting to SQL_ASCII hands the stored bytes over as they
         // are (bytea), where a UTF-8 client encoding would make the server reject them.
         let text = |expr: String| {
@@ -87,9 +99,11 @@ impl Statements {
         });
 
         let claim_where = |bound: &str| {
+            use columns::*;
             format!(
-                "SELECT t.{id}, {kind_expr}, {payload_expr}, t.{occurred}::timestamptz, \
-                 {routing_expr}, {headers_expr}, {attempts_expr} \
+                "SELECT t.{id} AS {ID}, {kind_expr} AS {KIND}, {payload_expr} AS {PAYLOAD}, \
+                 t.{occurred}::timestamptz AS {OCCURRED_AT}, {routing_expr} AS {ROUTING_KEY}, \
+                 {headers_expr} AS {HEADERS}, {attempts_expr} AS {ATTEMPTS} \
                  FROM {t} AS t WHERE t.{processed} IS NULL{bound} \
                  ORDER BY t.{occurred} LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
             )
@@ -164,7 +178,7 @@ impl Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ident::{Ident, TableName};
+    use crate::table::ident::{Ident, TableName};
 
     fn table() -> OutboxTable {
         OutboxTable::new(TableName::parse("app.outbox").unwrap())
@@ -181,7 +195,10 @@ mod tests {
             s.claim
                 .contains("ORDER BY t.\"occurred_on_utc\" LIMIT $1 FOR UPDATE OF t SKIP LOCKED")
         );
-        assert!(s.claim.contains("NULL::text, NULL::jsonb, 0"));
+        assert!(
+            s.claim
+                .contains("NULL::text AS routing_key, NULL::jsonb AS headers, 0 AS attempts")
+        );
         assert!(s.claim_from.contains(
             "IS NULL AND t.\"occurred_on_utc\" >= $2::timestamptz ORDER BY t.\"occurred_on_utc\" LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
         ));
@@ -197,10 +214,13 @@ mod tests {
         t.columns.headers = Some(Ident::new("hdrs").unwrap());
         t.columns.attempts = Some(Ident::new("tries").unwrap());
         let s = Statements::new(&t, PayloadKind::Bytes);
-        assert!(s.claim.contains("t.\"content\", t.\"occurred_on_utc\""));
         assert!(
             s.claim
-                .contains("t.\"rk\"::text, t.\"hdrs\"::jsonb, coalesce(t.\"tries\", 0)::int4")
+                .contains("t.\"content\" AS payload, t.\"occurred_on_utc\"")
+        );
+        assert!(
+            s.claim
+                .contains("t.\"rk\"::text AS routing_key, t.\"hdrs\"::jsonb AS headers, coalesce(t.\"tries\", 0)::int4")
         );
         assert!(
             s.settle_outcomes
@@ -229,7 +249,7 @@ mod tests {
             server_autovacuum: true,
         };
         let s = Statements::for_shape(&table(), &shape);
-        assert!(s.claim.contains("convert_to(t.\"type\"::text, 'SQL_ASCII'), convert_to(t.\"content\"::text, 'SQL_ASCII')"));
+        assert!(s.claim.contains("convert_to(t.\"type\"::text, 'SQL_ASCII') AS kind, convert_to(t.\"content\"::text, 'SQL_ASCII')"));
         let utf8 = Statements::for_shape(
             &table(),
             &TableShape {
@@ -240,18 +260,49 @@ mod tests {
         assert!(!utf8.claim.contains("convert_to"));
     }
 
+    /// The `$n` placeholders of a statement, in order of first appearance.
+    fn placeholders(sql: &str) -> Vec<u32> {
+        let mut found = Vec::new();
+        let mut rest = sql;
+        while let Some(at) = rest.find('$') {
+            rest = &rest[at + 1..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(n) = digits.parse()
+                && !found.contains(&n)
+            {
+                found.push(n);
+            }
+        }
+        found
+    }
+
     #[test]
     fn every_statement_binds_its_values() {
-        let s = Statements::new(&table(), PayloadKind::Text);
-        for text in [
-            &s.claim,
-            &s.claim_from,
-            &s.claim_recent,
-            &s.settle_all_published,
-            &s.settle_outcomes,
-            &s.backlog,
-        ] {
-            assert!(text.contains("$1"), "{text}");
+        // Every mode and every optional column, so each variant of each statement is checked.
+        let mut t = table();
+        t.columns.routing_key = Some(Ident::new("rk").unwrap());
+        t.columns.headers = Some(Ident::new("hdrs").unwrap());
+        t.columns.attempts = Some(Ident::new("tries").unwrap());
+        for mode in [DeliveryMode::Mark, DeliveryMode::Delete] {
+            t.mode = mode;
+            let s = Statements::new(&t, PayloadKind::Text);
+            // Each statement with the values its callers bind: $1..$n, every one used.
+            for (text, values) in [
+                (&s.claim, 1),
+                (&s.claim_from, 2),
+                (&s.claim_recent, 3),
+                (&s.settle_all_published, 1),
+                (&s.settle_outcomes, 3),
+                (&s.backlog, 1),
+                (&s.oldest_age, 0),
+                (&s.purge_processed, 2),
+            ] {
+                let mut used = placeholders(text);
+                used.sort_unstable();
+                assert_eq!(used, (1..=values).collect::<Vec<u32>>(), "{text}");
+                // No value is formatted in: the text holds no string literal at all.
+                assert!(!text.contains('\''), "a literal in {text}");
+            }
         }
     }
 }

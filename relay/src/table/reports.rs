@@ -7,13 +7,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, PgConnection};
 
-use crate::ident::TableName;
-use crate::sql::Statements;
-
-pub const REPORTS_TABLE: &str = "outbox_relay_reports";
-
-/// Counting stops here; a report at the cap says "at least this many".
-pub const DEFAULT_BACKLOG_CAP: i64 = 1_000_000;
+use crate::table::ident::TableName;
+use crate::table::sql::Statements;
 
 pub fn create_table_sql(reports: &TableName) -> String {
     format!(

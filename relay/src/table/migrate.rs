@@ -10,9 +10,9 @@
 
 use sqlx::{AssertSqlSafe, PgConnection};
 
-use crate::ident::Ident;
-use crate::inspect::{InspectError, TableShape, inspect};
-use crate::table::OutboxTable;
+use crate::table::ident::Ident;
+use crate::table::inspect::{InspectError, TableShape, inspect};
+use crate::table::outbox::OutboxTable;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MigrationOptions {
@@ -248,7 +248,7 @@ async fn migrate_locked(
         run_alone(
             conn,
             "create report table",
-            crate::reports::create_table_sql(&reports),
+            crate::table::reports::create_table_sql(&reports),
         )
         .await?;
     }
@@ -332,7 +332,7 @@ pub fn notify_trigger_sql(table: &OutboxTable) -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ident::TableName;
+    use crate::table::ident::TableName;
 
     #[test]
     fn default_index_keeps_the_payload_out() {

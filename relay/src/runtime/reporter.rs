@@ -10,13 +10,12 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::ident::TableName;
+use crate::defaults::BACKLOG_CAP;
 use crate::metrics::Metrics;
-use crate::reports::{
-    Backlog, DEFAULT_BACKLOG_CAP, Report, measure_backlog, measurer_lock_key, upsert_report,
-};
 use crate::secret_url::SecretUrl;
-use crate::sql::Statements;
+use crate::table::ident::TableName;
+use crate::table::reports::{Backlog, Report, measure_backlog, measurer_lock_key, upsert_report};
+use crate::table::sql::Statements;
 
 pub struct ReporterContext {
     pub database_url: SecretUrl,
@@ -57,12 +56,12 @@ pub async fn run_reporter(ctx: ReporterContext) {
         (last_total, last_at) = (total, Instant::now());
 
         if session.is_none() {
-            match crate::database::connect(&ctx.database_url).await {
+            match crate::table::connect::connect(&ctx.database_url).await {
                 Ok(conn) => {
                     session = Some(Session {
                         conn,
                         measurer: false,
-                    })
+                    });
                 }
                 Err(e) => {
                     warn!(error = %e, "reporter cannot reach PostgreSQL; skipping this report");
@@ -105,12 +104,11 @@ async fn report_once(
                 .fetch_one(&mut session.conn)
                 .await?;
         if session.measurer {
-            info!(relay = %ctx.relay, "this process measures the backlog for the relay");
+            info!("this process measures the backlog for the relay");
         }
     }
     let backlog: Option<Backlog> = if session.measurer {
-        let backlog =
-            measure_backlog(&mut session.conn, &ctx.statements, DEFAULT_BACKLOG_CAP).await?;
+        let backlog = measure_backlog(&mut session.conn, &ctx.statements, BACKLOG_CAP).await?;
         ctx.metrics.backlog.set(backlog.pending);
         ctx.metrics.backlog_capped.set(i64::from(backlog.capped));
         ctx.metrics

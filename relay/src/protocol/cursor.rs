@@ -23,14 +23,11 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::batch::BatchReport;
+use super::batch::BatchReport;
+use super::claim::ClaimStart;
 
 /// While batches come back full, the recent claim runs about this often when it is cheap.
 pub const RECENT_CLAIM_EVERY: Duration = Duration::from_secs(1);
-
-/// How far before the database's now() the recent claim starts: a row whose transaction took
-/// longer than this between taking its claim position and committing waits for the full claim.
-pub const RECENT_WINDOW: Duration = Duration::from_secs(10);
 
 /// However much it costs, the full claim runs at least this often: the longest a row committed
 /// late with an older claim position waits while newer rows keep coming.
@@ -40,28 +37,12 @@ pub const FULL_CLAIM_AT_LEAST_EVERY: Duration = Duration::from_secs(60);
 /// `t`, the next of its kind waits at least `t × CLAIM_COST_SHARE`.
 pub const CLAIM_COST_SHARE: u32 = 20;
 
-/// Where one claim starts.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimStart {
-    /// At the head of the pending index.
-    #[default]
-    Head,
-    /// At the earlier of `horizon` (when known) and the database's now() minus
-    /// [`RECENT_WINDOW`].
-    Recent { horizon: Option<DateTime<Utc>> },
-    /// At this claim position: the last claimed row's.
-    After(DateTime<Utc>),
-}
-
-impl ClaimStart {
-    /// How much of the pending index the claim can see: a wider claim sees all a narrower one
-    /// does.
-    fn width(self) -> u8 {
-        match self {
-            ClaimStart::After(_) => 0,
-            ClaimStart::Recent { .. } => 1,
-            ClaimStart::Head => 2,
-        }
+/// How much of the pending index a claim can see: a wider claim sees all a narrower one does.
+fn width(start: ClaimStart) -> u8 {
+    match start {
+        ClaimStart::After(_) => 0,
+        ClaimStart::Recent { .. } => 1,
+        ClaimStart::Head => 2,
     }
 }
 
@@ -130,7 +111,7 @@ impl ClaimCursor {
     }
 
     fn idle_after_empty_claim_at(&self, now: Instant) -> bool {
-        self.start_due(now).width() <= self.handed_out.width()
+        width(self.start_due(now)) <= width(self.handed_out)
     }
 
     fn start_due(&self, now: Instant) -> ClaimStart {
@@ -200,6 +181,7 @@ impl ClaimCursor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::BrokerFailure;
 
     const BATCH: usize = 10;
 
@@ -371,7 +353,7 @@ mod tests {
                 ..batch(BATCH, 2, 3, 1)
             },
             BatchReport {
-                broker_broken: Some("gone".into()),
+                broker_broken: Some(BrokerFailure::ConfirmTimeout(Duration::from_secs(10))),
                 ..batch(BATCH, 2, 3, 1)
             },
         ];

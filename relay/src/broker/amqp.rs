@@ -1,8 +1,8 @@
-//! Publishing a batch and awaiting its confirms, behind a small trait so another broker can be
-//! added without touching the claim loop. RabbitMQ through lapin is the one implemented.
+//! The RabbitMQ publisher (AMQP 0-9-1, through lapin): one connection and one confirm channel.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::fmt::Display;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -14,65 +14,12 @@ use lapin::{
     PublisherConfirm,
 };
 
-use crate::config::ExchangeType;
-use uuid::Uuid;
-
-use crate::metrics::FailureReason;
-
-/// One message ready to go out; borrowed from the claimed row, so nothing is copied twice.
-#[derive(Debug, Clone)]
-pub struct Message<'a> {
-    pub id: Uuid,
-    pub kind: &'a str,
-    pub routing_key: &'a str,
-    pub payload: &'a [u8],
-    /// Seconds since the epoch (AMQP timestamp).
-    pub timestamp: Option<u64>,
-    pub headers: Option<FieldTable>,
-}
-
-/// Which exchange a batch goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
-    Main,
-    DeadLetter,
-}
-
-/// What became of one published message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Delivery {
-    /// The broker confirmed it (or confirms are off and it was written to the socket).
-    Confirmed,
-    /// The broker refused it: spends an attempt.
-    Rejected {
-        reason: FailureReason,
-        detail: String,
-    },
-    /// The connection failed or no confirm arrived in time: nothing is known, the row stays
-    /// pending and no attempt is spent.
-    Unknown { reason: FailureReason },
-}
-
-/// The deliveries of one batch, in the order of the messages, and whether the connection must
-/// be replaced before the next batch.
-#[derive(Debug)]
-pub struct BatchOutcome {
-    pub deliveries: Vec<Delivery>,
-    pub broken: Option<String>,
-    /// Time spent handing the messages to the connection, before waiting for confirms.
-    pub publish_time: Duration,
-}
-
-pub trait Publisher: Send {
-    /// Publishes every message pipelined, then awaits every confirm within the timeout.
-    fn publish_batch(
-        &mut self,
-        target: Target,
-        messages: &[Message<'_>],
-    ) -> impl Future<Output = BatchOutcome> + Send;
-    /// Cheap check that the connection is usable, for readiness.
-    fn is_connected(&self) -> bool;
-}
+use super::routing::ExchangeType;
+use super::{
+    BatchOutcome, BrokerFailure, Connector, Delivery, Message, Publisher, Rejection, Target,
+    Unconfirmed,
+};
+use crate::secret_url::SecretUrl;
 
 /// What became of one publish before returned messages are matched up.
 enum Settled {
@@ -92,7 +39,27 @@ pub struct AmqpSettings {
     pub timeout: Duration,
     pub content_type: String,
     pub connection_name: String,
-    pub declare_exchange: Option<crate::config::ExchangeType>,
+    pub declare_exchange: Option<ExchangeType>,
+}
+
+/// Opens [`AmqpPublisher`]s: the URL and the settings every worker of a process shares.
+#[derive(Debug, Clone)]
+pub struct AmqpConnector {
+    pub url: SecretUrl,
+    pub settings: AmqpSettings,
+}
+
+impl Connector for AmqpConnector {
+    type Publisher = AmqpPublisher;
+    type Error = lapin::Error;
+
+    async fn connect(&self) -> Result<AmqpPublisher, lapin::Error> {
+        AmqpPublisher::connect(&self.url, self.settings.clone()).await
+    }
+
+    fn endpoint(&self) -> &(dyn Display + Sync) {
+        &self.url
+    }
 }
 
 /// RabbitMQ publisher: one connection and one confirm channel.
@@ -106,10 +73,7 @@ pub struct AmqpPublisher {
 }
 
 impl AmqpPublisher {
-    pub async fn connect(
-        url: &crate::secret_url::SecretUrl,
-        settings: AmqpSettings,
-    ) -> Result<Self, lapin::Error> {
+    pub async fn connect(url: &SecretUrl, settings: AmqpSettings) -> Result<Self, lapin::Error> {
         let properties = ConnectionProperties::default()
             .with_connection_name(settings.connection_name.clone().into());
         let connection = Connection::connect(url.expose(), properties).await?;
@@ -143,17 +107,16 @@ impl AmqpPublisher {
         if let Some(ts) = message.timestamp {
             properties = properties.with_timestamp(ts);
         }
-        if let Some(headers) = message.headers.clone() {
+        let mut headers = message.headers.map(field_table);
+        if let Some(error) = message.error {
+            headers
+                .get_or_insert_default()
+                .insert("x-outbox-error".into(), AMQPValue::LongString(error.into()));
+        }
+        if let Some(headers) = headers {
             properties = properties.with_headers(headers);
         }
         properties
-    }
-
-    pub async fn close(&self) {
-        let _ = self
-            .connection
-            .close(200, "relay shutting down".into())
-            .await;
     }
 }
 
@@ -192,7 +155,7 @@ impl Publisher for AmqpPublisher {
             .map(|published| match published {
                 Ok(confirm) => Some(confirm),
                 Err(e) => {
-                    broken.get_or_insert_with(|| format!("publish failed: {e}"));
+                    broken.get_or_insert_with(|| BrokerFailure::Publish(Arc::new(e)));
                     None
                 }
             })
@@ -241,47 +204,37 @@ impl Publisher for AmqpPublisher {
         for (message, outcome) in messages.iter().zip(settled) {
             let done = match outcome {
                 Settled::NotSent => {
-                    deliveries.push(Delivery::Unknown {
-                        reason: FailureReason::BrokerUnavailable,
-                    });
+                    deliveries.push(Delivery::Unknown(Unconfirmed::BrokerUnavailable));
                     continue;
                 }
                 Settled::TimedOut => {
-                    deliveries.push(Delivery::Unknown {
-                        reason: FailureReason::Timeout,
-                    });
+                    deliveries.push(Delivery::Unknown(Unconfirmed::Timeout));
                     continue;
                 }
                 Settled::Done(done) => *done,
             };
             deliveries.push(match done {
-                Ok(Confirmation::Nack(_)) => Delivery::Rejected {
-                    reason: FailureReason::Nack,
-                    detail: "negatively acknowledged (basic.nack) by the broker".into(),
-                },
+                Ok(Confirmation::Nack(_)) => Delivery::Rejected(Rejection::Nack),
                 Ok(Confirmation::Ack(_) | Confirmation::NotRequested) => {
                     let came_back = (!returned.is_empty())
                         .then(|| returned.get(&message.id.to_string()))
                         .flatten();
                     match came_back {
-                        Some(reply) => Delivery::Rejected {
-                            reason: FailureReason::Unroutable,
-                            detail: format!("returned by the broker as unroutable: {reply}"),
-                        },
+                        Some(reply) => Delivery::Rejected(Rejection::Unroutable {
+                            reply: reply.clone(),
+                        }),
                         None => Delivery::Confirmed,
                     }
                 }
                 Err(e) => {
-                    broken.get_or_insert_with(|| format!("confirm failed: {e}"));
-                    Delivery::Unknown {
-                        reason: FailureReason::BrokerUnavailable,
-                    }
+                    broken.get_or_insert_with(|| BrokerFailure::Confirm(Arc::new(e)));
+                    Delivery::Unknown(Unconfirmed::BrokerUnavailable)
                 }
             });
         }
         if timed_out {
             // A late confirm on this channel would be ambiguous; start over on a fresh one.
-            broken.get_or_insert_with(|| format!("no confirm within {:?}", self.settings.timeout));
+            broken.get_or_insert(BrokerFailure::ConfirmTimeout(self.settings.timeout));
         }
         BatchOutcome {
             deliveries,
@@ -292,6 +245,13 @@ impl Publisher for AmqpPublisher {
 
     fn is_connected(&self) -> bool {
         self.connection.status().connected() && self.channel.status().connected()
+    }
+
+    async fn close(self) {
+        let _ = self
+            .connection
+            .close(200, "relay shutting down".into())
+            .await;
     }
 }
 
@@ -331,43 +291,18 @@ async fn ensure_exchange(
         .await
 }
 
-/// Why a headers value cannot become AMQP headers.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HeadersError {
-    #[error("headers must be a JSON object, got {0}")]
-    NotAnObject(&'static str),
-    #[error("header name {0:?} is longer than 255 bytes")]
-    KeyTooLong(String),
-}
-
-fn json_kind(value: &serde_json::Value) -> &'static str {
-    match value {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
-}
-
-/// Converts a JSON object into an AMQP field table (nested objects and arrays included).
-pub fn headers_from_json(value: &serde_json::Value) -> Result<FieldTable, HeadersError> {
-    let serde_json::Value::Object(map) = value else {
-        return Err(HeadersError::NotAnObject(json_kind(value)));
-    };
+/// A JSON object as an AMQP field table, nested objects and arrays included. The names were
+/// checked when the row became a message ([`super::headers::check`]), so nothing can fail here.
+fn field_table(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
     let mut table = FieldTable::default();
     for (key, value) in map {
-        if key.len() > 255 {
-            return Err(HeadersError::KeyTooLong(key.chars().take(40).collect()));
-        }
-        table.insert(key.as_str().into(), amqp_value(value)?);
+        table.insert(key.as_str().into(), amqp_value(value));
     }
-    Ok(table)
+    table
 }
 
-fn amqp_value(value: &serde_json::Value) -> Result<AMQPValue, HeadersError> {
-    Ok(match value {
+fn amqp_value(value: &serde_json::Value) -> AMQPValue {
+    match value {
         serde_json::Value::Null => AMQPValue::Void,
         serde_json::Value::Bool(b) => AMQPValue::Boolean(*b),
         serde_json::Value::Number(n) => match n.as_i64() {
@@ -376,13 +311,10 @@ fn amqp_value(value: &serde_json::Value) -> Result<AMQPValue, HeadersError> {
         },
         serde_json::Value::String(s) => AMQPValue::LongString(LongString::from(s.as_str())),
         serde_json::Value::Array(items) => AMQPValue::FieldArray(FieldArray::from(
-            items
-                .iter()
-                .map(amqp_value)
-                .collect::<Result<Vec<_>, _>>()?,
+            items.iter().map(amqp_value).collect::<Vec<_>>(),
         )),
-        serde_json::Value::Object(_) => AMQPValue::FieldTable(headers_from_json(value)?),
-    })
+        serde_json::Value::Object(map) => AMQPValue::FieldTable(field_table(map)),
+    }
 }
 
 #[cfg(test)]
@@ -392,10 +324,9 @@ mod tests {
 
     #[test]
     fn json_objects_become_field_tables() {
-        let table = headers_from_json(
-            &json!({"tenant": "a", "n": 3, "ok": true, "tags": ["x"], "nested": {"k": 1.5}}),
-        )
-        .unwrap();
+        let value = json!({"tenant": "a", "n": 3, "ok": true, "tags": ["x"], "nested": {"k": 1.5}});
+        let map = super::super::headers::check(Some(&value)).unwrap().unwrap();
+        let table = field_table(map);
         let inner = table.inner();
         assert_eq!(
             inner.get(&ShortString::from("n")),
@@ -412,23 +343,6 @@ mod tests {
         assert!(matches!(
             inner.get(&ShortString::from("tags")),
             Some(AMQPValue::FieldArray(_))
-        ));
-    }
-
-    #[test]
-    fn other_json_is_refused() {
-        assert_eq!(
-            headers_from_json(&json!([1, 2])),
-            Err(HeadersError::NotAnObject("an array"))
-        );
-        assert_eq!(
-            headers_from_json(&json!("x")),
-            Err(HeadersError::NotAnObject("a string"))
-        );
-        let long = "k".repeat(300);
-        assert!(matches!(
-            headers_from_json(&json!({ long: 1 })),
-            Err(HeadersError::KeyTooLong(_))
         ));
     }
 }

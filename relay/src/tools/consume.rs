@@ -12,7 +12,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
-use crate::config::ExchangeType;
+use crate::broker::routing::ExchangeType;
 use crate::secret_url::SecretUrl;
 
 pub struct Topology<'a> {

@@ -7,7 +7,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::backoff::Backoff;
+use crate::runtime::backoff::Backoff;
 use crate::secret_url::SecretUrl;
 
 pub async fn run_listener(

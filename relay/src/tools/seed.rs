@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use sqlx::{AssertSqlSafe, PgConnection};
 use uuid::Uuid;
 
-use crate::table::OutboxTable;
+use crate::table::outbox::OutboxTable;
 
 /// The reference article's message type.
 pub const ARTICLE_TYPE: &str = "Messaging.Contracts.OrderCreatedIntegrationEvent";

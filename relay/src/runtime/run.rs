@@ -7,18 +7,18 @@ use std::sync::atomic::AtomicU64;
 use sqlx::Connection;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, instrument, warn};
 
-use crate::backoff::Backoff;
-use crate::batch::BatchSettings;
+use crate::broker::amqp::{AmqpConnector, AmqpSettings};
 use crate::config::RelayConfig;
-use crate::inspect::{InspectError, TableShape, inspect};
 use crate::metrics::Metrics;
-use crate::migrate::notify_channel;
-use crate::publisher::AmqpSettings;
-use crate::reporter::{ReporterContext, run_reporter};
-use crate::sql::Statements;
-use crate::worker::{WorkerContext, run_worker};
+use crate::protocol::batch::BatchSettings;
+use crate::runtime::backoff::Backoff;
+use crate::runtime::reporter::{ReporterContext, run_reporter};
+use crate::runtime::worker::{WorkerContext, run_worker};
+use crate::table::inspect::{InspectError, TableShape, inspect};
+use crate::table::migrate::notify_channel;
+use crate::table::sql::Statements;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -50,7 +50,7 @@ async fn inspect_with_retry(
     let mut backoff = Backoff::default();
     loop {
         let attempt = async {
-            let mut conn = crate::database::connect(&config.db.database_url)
+            let mut conn = crate::table::connect::connect(&config.db.database_url)
                 .await
                 .map_err(InspectError::Database)?;
             let shape = inspect(&mut conn, &config.db.table).await;
@@ -61,7 +61,7 @@ async fn inspect_with_retry(
             Ok(shape) => return Ok(Some(shape)),
             Err(e) if e.is_user_error() => return Err(RunError::Table(e)),
             Err(e) => {
-                warn!(database = %config.db.database_url, error = %e, "PostgreSQL unreachable at start; retrying")
+                warn!(database = %config.db.database_url, error = %e, "PostgreSQL unreachable at start; retrying");
             }
         }
         tokio::select! {
@@ -71,7 +71,9 @@ async fn inspect_with_retry(
     }
 }
 
-/// Runs the relay until `shutdown` is cancelled, then lets the batches in flight finish.
+/// Runs the relay until `shutdown` is cancelled, then lets the batches in flight finish. Its
+/// span names the relay on every log line of the process, the workers' included.
+#[instrument(name = "relay", skip_all, fields(relay = %config.db.relay_name))]
 pub async fn run(
     config: RelayConfig,
     metrics: Metrics,
@@ -89,7 +91,7 @@ pub async fn run(
         );
     }
     let http_stop = CancellationToken::new();
-    let http = crate::http::serve(config.metrics_addr, metrics.clone(), http_stop.clone())
+    let http = crate::runtime::http::serve(config.metrics_addr, metrics.clone(), http_stop.clone())
         .await
         .map_err(|source| RunError::Bind {
             addr: config.metrics_addr,
@@ -101,7 +103,7 @@ pub async fn run(
         return Ok(());
     };
     if !shape.server_autovacuum {
-        warn!("{}", crate::migrate::AUTOVACUUM_OFF_WARNING);
+        warn!("{}", crate::table::migrate::AUTOVACUUM_OFF_WARNING);
     }
     let statements = Arc::new(Statements::for_shape(&config.db.table, &shape));
     let published_total = Arc::new(AtomicU64::new(0));
@@ -111,19 +113,24 @@ pub async fn run(
     let workers_stop = shutdown.child_token();
     let context = WorkerContext {
         database_url: config.db.database_url.clone(),
-        amqp_url: config.amqp_url.clone(),
-        amqp: AmqpSettings {
-            exchange: config.exchange.clone(),
-            dead_letter_exchange: config.dead_letter_exchange.clone(),
-            confirms: config.publisher_confirms,
-            mandatory: config.mandatory,
-            timeout: config.publish_timeout,
-            content_type: config
-                .content_type
-                .clone()
-                .unwrap_or_else(|| shape.payload.default_content_type().to_string()),
-            declare_exchange: config.declare_exchange,
-            connection_name: format!("outbox-relay {} {}", config.db.relay_name, config.pod_name),
+        broker: AmqpConnector {
+            url: config.amqp_url.clone(),
+            settings: AmqpSettings {
+                exchange: config.exchange.clone(),
+                dead_letter_exchange: config.dead_letter_exchange.clone(),
+                confirms: config.publisher_confirms,
+                mandatory: config.mandatory,
+                timeout: config.publish_timeout,
+                content_type: config
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| shape.payload.default_content_type().to_string()),
+                declare_exchange: config.declare_exchange,
+                connection_name: format!(
+                    "outbox-relay {} {}",
+                    config.db.relay_name, config.pod_name
+                ),
+            },
         },
         statements: statements.clone(),
         settings: BatchSettings {
@@ -143,30 +150,36 @@ pub async fn run(
     };
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..config.workers {
-        workers.spawn(run_worker(context.clone(), worker));
+        workers.spawn(run_worker(context.clone(), worker).in_current_span());
     }
 
     let background_stop = CancellationToken::new();
     let listener = config.listen.then(|| {
-        tokio::spawn(crate::listener::run_listener(
-            config.db.database_url.clone(),
-            notify_channel(&config.db.table),
-            wake_tx.clone(),
-            background_stop.clone(),
-        ))
+        tokio::spawn(
+            crate::runtime::listener::run_listener(
+                config.db.database_url.clone(),
+                notify_channel(&config.db.table),
+                wake_tx.clone(),
+                background_stop.clone(),
+            )
+            .in_current_span(),
+        )
     });
-    let reporter = tokio::spawn(run_reporter(ReporterContext {
-        database_url: config.db.database_url.clone(),
-        reports_table: config.db.table.reports_table(),
-        statements,
-        relay: config.db.relay_name.clone(),
-        pod: config.pod_name.clone(),
-        interval: config.report_interval,
-        retention: config.processed_retention,
-        metrics: metrics.clone(),
-        published_total,
-        shutdown: background_stop.clone(),
-    }));
+    let reporter = tokio::spawn(
+        run_reporter(ReporterContext {
+            database_url: config.db.database_url.clone(),
+            reports_table: config.db.table.reports_table(),
+            statements,
+            relay: config.db.relay_name.clone(),
+            pod: config.pod_name.clone(),
+            interval: config.report_interval,
+            retention: config.processed_retention,
+            metrics: metrics.clone(),
+            published_total,
+            shutdown: background_stop.clone(),
+        })
+        .in_current_span(),
+    );
     info!(
         table = %config.db.table.name,
         exchange = %config.exchange,

@@ -1,0 +1,135 @@
+//! Publishing hides behind two small traits: a [`Connector`] opens a [`Publisher`], which
+//! publishes a batch pipelined and then awaits its confirms. The worker and the batch protocol
+//! are generic over them, so another broker protocol plugs in without touching the claim loop.
+//! RabbitMQ (AMQP 0-9-1, through lapin) is the one implemented, in [`amqp`].
+
+pub mod amqp;
+pub mod headers;
+pub mod routing;
+
+use std::error::Error;
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use uuid::Uuid;
+
+/// One message ready to go out; borrowed from the claimed row, so nothing is copied twice.
+#[derive(Debug, Clone)]
+pub struct Message<'a> {
+    pub id: Uuid,
+    pub kind: &'a str,
+    pub routing_key: &'a str,
+    pub payload: &'a [u8],
+    /// Seconds since the epoch (AMQP timestamp).
+    pub timestamp: Option<u64>,
+    /// The row's headers, a JSON object that [`headers::check`] accepted.
+    pub headers: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    /// Why a dead letter was given up on, sent along as the `x-outbox-error` header.
+    pub error: Option<&'a str>,
+}
+
+/// Which exchange a batch goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Main,
+    DeadLetter,
+}
+
+/// Why the broker refused a message: the message spends an attempt. The text is what the row's
+/// error column records.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("negatively acknowledged (basic.nack) by the broker")]
+    Nack,
+    /// Returned by the broker (a mandatory publish nothing was bound for), with its reply.
+    #[error("returned by the broker as unroutable: {reply}")]
+    Unroutable { reply: String },
+}
+
+/// Why nothing is known about a message: the row stays pending and no attempt is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unconfirmed {
+    /// Never handed to the broker, or its confirm was lost with the connection.
+    #[error("the broker connection failed")]
+    BrokerUnavailable,
+    /// No confirm arrived within the publish timeout.
+    #[error("no confirm within the publish timeout")]
+    Timeout,
+}
+
+/// What became of one published message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// The broker confirmed it (or confirms are off and it was written to the socket).
+    Confirmed,
+    Rejected(Rejection),
+    Unknown(Unconfirmed),
+}
+
+/// Why a publisher must be replaced before the next batch.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerFailure {
+    #[error("publish failed: {0}")]
+    Publish(Arc<dyn Error + Send + Sync>),
+    #[error("confirm failed: {0}")]
+    Confirm(Arc<dyn Error + Send + Sync>),
+    /// A late confirm on the same channel would be ambiguous, so the channel is replaced.
+    #[error("no confirm within {0:?}")]
+    ConfirmTimeout(Duration),
+}
+
+/// The deliveries of one batch, in the order of the messages, and whether the connection must
+/// be replaced before the next batch.
+#[derive(Debug)]
+pub struct BatchOutcome {
+    pub deliveries: Vec<Delivery>,
+    pub broken: Option<BrokerFailure>,
+    /// Time spent handing the messages to the connection, before waiting for confirms.
+    pub publish_time: Duration,
+}
+
+impl BatchOutcome {
+    /// The outcome of publishing nothing.
+    pub fn empty() -> Self {
+        Self {
+            deliveries: Vec::new(),
+            broken: None,
+            publish_time: Duration::ZERO,
+        }
+    }
+}
+
+/// One open connection to a broker, able to publish batches.
+pub trait Publisher: Send {
+    /// Publishes every message pipelined, then awaits every confirm within the timeout. Returns
+    /// one delivery per message, in order.
+    fn publish_batch(
+        &mut self,
+        target: Target,
+        messages: &[Message<'_>],
+    ) -> impl Future<Output = BatchOutcome> + Send;
+
+    /// Cheap check that the connection is usable, for readiness and reconnects.
+    fn is_connected(&self) -> bool;
+
+    /// Closes the connection politely; a publisher dropped without it just goes away.
+    fn close(self) -> impl Future<Output = ()> + Send
+    where
+        Self: Sized,
+    {
+        async {}
+    }
+}
+
+/// Opens publishers: what a worker keeps to connect and reconnect, so it never names a broker.
+pub trait Connector: Clone + Send + Sync + 'static {
+    type Publisher: Publisher;
+    type Error: Display + Send;
+
+    fn connect(&self) -> impl Future<Output = Result<Self::Publisher, Self::Error>> + Send;
+
+    /// Where it connects to, for logs (never with a password).
+    fn endpoint(&self) -> &(dyn Display + Sync);
+}

@@ -1,0 +1,202 @@
+//! The flags (and their environment variables) of the commands that touch the outbox table.
+//! Values that parse on their own are typed here, so clap refuses a bad one naming its flag;
+//! names and URLs stay text until [`super`] resolves them, since their checks need the other
+//! layers (a URL must never be echoed back: it carries a password).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::parse::{LogFormat, one_of, positive_duration};
+use crate::broker::routing::ExchangeType;
+use crate::table::outbox::{ColumnRole, DeliveryMode};
+
+/// Options shared by every subcommand that touches the outbox table. Each is also read from
+/// the environment and from the `--config` file (same names, with underscores).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TableArgs {
+    /// YAML configuration file; flags and environment override its values.
+    #[arg(long, env = "OUTBOX_RELAY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// PostgreSQL URL, e.g. postgres://user:password@host:5432/db.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Outbox table, optionally schema-qualified (schema.table). Default: outbox_messages.
+    #[arg(long, env = "OUTBOX_RELAY_TABLE")]
+    pub table: Option<String>,
+    #[command(flatten)]
+    pub columns: ColumnArgs,
+    /// mark (set processed-at) or delete (remove the row) after the broker confirmed it.
+    /// Default: mark.
+    #[arg(long, env = "OUTBOX_RELAY_MODE", value_parser = one_of::<DeliveryMode>)]
+    pub mode: Option<DeliveryMode>,
+    /// Name of this relay; keys its reports and its advisory locks. Default: the table name.
+    #[arg(long, env = "OUTBOX_RELAY_NAME")]
+    pub relay_name: Option<String>,
+}
+
+/// The column mapping. The same struct is the `columns:` map of the YAML file, whose keys are
+/// the roles (`id`, `type`, `payload`, ...).
+#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnArgs {
+    /// Column holding the message id (uuid). Default: id.
+    #[arg(id = "id_column", long = "id-column", env = "OUTBOX_RELAY_ID_COLUMN")]
+    pub id: Option<String>,
+    /// Column holding the message type. Default: type.
+    #[arg(
+        id = "type_column",
+        long = "type-column",
+        env = "OUTBOX_RELAY_TYPE_COLUMN"
+    )]
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// Column holding the payload (jsonb, json, text or bytea). Default: content.
+    #[arg(
+        id = "payload_column",
+        long = "payload-column",
+        env = "OUTBOX_RELAY_PAYLOAD_COLUMN"
+    )]
+    pub payload: Option<String>,
+    /// Column giving the claim order. Default: occurred_on_utc.
+    #[arg(
+        id = "occurred_at_column",
+        long = "occurred-at-column",
+        env = "OUTBOX_RELAY_OCCURRED_AT_COLUMN"
+    )]
+    pub occurred_at: Option<String>,
+    /// Column set when a row is processed; NULL means pending. Default: processed_on_utc.
+    #[arg(
+        id = "processed_at_column",
+        long = "processed-at-column",
+        env = "OUTBOX_RELAY_PROCESSED_AT_COLUMN"
+    )]
+    pub processed_at: Option<String>,
+    /// Column receiving the last failure text. Default: error.
+    #[arg(
+        id = "error_column",
+        long = "error-column",
+        env = "OUTBOX_RELAY_ERROR_COLUMN"
+    )]
+    pub error: Option<String>,
+    /// Optional column holding a per-row routing key.
+    #[arg(
+        id = "routing_key_column",
+        long = "routing-key-column",
+        env = "OUTBOX_RELAY_ROUTING_KEY_COLUMN"
+    )]
+    pub routing_key: Option<String>,
+    /// Optional jsonb column holding AMQP headers (a JSON object).
+    #[arg(
+        id = "headers_column",
+        long = "headers-column",
+        env = "OUTBOX_RELAY_HEADERS_COLUMN"
+    )]
+    pub headers: Option<String>,
+    /// Optional integer column counting broker rejections; without it a rejected message is
+    /// dead-lettered at its first rejection.
+    #[arg(
+        id = "attempts_column",
+        long = "attempts-column",
+        env = "OUTBOX_RELAY_ATTEMPTS_COLUMN"
+    )]
+    pub attempts: Option<String>,
+}
+
+impl ColumnArgs {
+    /// The name given for `role`, if any.
+    pub fn get(&self, role: ColumnRole) -> Option<&String> {
+        match role {
+            ColumnRole::Id => self.id.as_ref(),
+            ColumnRole::Type => self.kind.as_ref(),
+            ColumnRole::Payload => self.payload.as_ref(),
+            ColumnRole::OccurredAt => self.occurred_at.as_ref(),
+            ColumnRole::ProcessedAt => self.processed_at.as_ref(),
+            ColumnRole::Error => self.error.as_ref(),
+            ColumnRole::RoutingKey => self.routing_key.as_ref(),
+            ColumnRole::Headers => self.headers.as_ref(),
+            ColumnRole::Attempts => self.attempts.as_ref(),
+        }
+    }
+}
+
+/// Options of `outbox-relay run`. The defaults are in [`crate::defaults`]; they apply after
+/// the file, so they are not clap defaults.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub table: TableArgs,
+    /// RabbitMQ URL, e.g. amqp://user:password@host:5672/%2f.
+    #[arg(long, env = "AMQP_URL", hide_env_values = true)]
+    pub amqp_url: Option<String>,
+    /// Exchange to publish to ("" is the default exchange). Default: outbox.
+    #[arg(long, env = "OUTBOX_RELAY_EXCHANGE")]
+    pub exchange: Option<String>,
+    /// Declare the exchange (durable) with this type at connect: fanout, topic, direct or
+    /// headers. Without it the exchange must already exist (checked at connect).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_DECLARE_EXCHANGE",
+        value_parser = one_of::<ExchangeType>
+    )]
+    pub declare_exchange: Option<ExchangeType>,
+    /// Static routing key for every message. Default: the row's type, or the routing-key column.
+    #[arg(long, env = "OUTBOX_RELAY_ROUTING_KEY")]
+    pub routing_key: Option<String>,
+    /// Rows claimed, published and marked per transaction (1..=10000). Default: 500.
+    #[arg(long, env = "OUTBOX_RELAY_BATCH_SIZE", allow_hyphen_values = true)]
+    pub batch_size: Option<i64>,
+    /// Concurrent claimers in this process, each with its own connections (1..=256). Default: 2.
+    #[arg(long, env = "OUTBOX_RELAY_WORKERS", allow_hyphen_values = true)]
+    pub workers: Option<i64>,
+    /// Batches of this process at the broker at once (0 = one per worker). Other workers claim
+    /// meanwhile and publish as soon as a slot frees. Default: 1.
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_INFLIGHT_BATCHES",
+        allow_hyphen_values = true
+    )]
+    pub inflight_batches: Option<i64>,
+    /// Wait for broker confirms before marking rows. Turning this off can lose messages.
+    #[arg(long, env = "OUTBOX_RELAY_PUBLISHER_CONFIRMS")]
+    pub publisher_confirms: Option<bool>,
+    /// Publish with the mandatory flag, so unroutable messages come back as failures.
+    #[arg(long, env = "OUTBOX_RELAY_MANDATORY")]
+    pub mandatory: Option<bool>,
+    /// Longest wait for the confirms of one batch, e.g. 10s. Default: 10s.
+    #[arg(long, env = "OUTBOX_RELAY_PUBLISH_TIMEOUT", value_parser = positive_duration)]
+    pub publish_timeout: Option<Duration>,
+    /// Broker rejections before a message is dead-lettered (1..=1000). Default: 5.
+    #[arg(long, env = "OUTBOX_RELAY_MAX_ATTEMPTS", allow_hyphen_values = true)]
+    pub max_attempts: Option<i64>,
+    /// Exchange that receives dead-lettered messages (optional).
+    #[arg(long, env = "OUTBOX_RELAY_DEAD_LETTER_EXCHANGE")]
+    pub dead_letter_exchange: Option<String>,
+    /// Pause between claims when the table is empty, e.g. 200ms. Default: 200ms.
+    #[arg(long, env = "OUTBOX_RELAY_POLL_INTERVAL", value_parser = positive_duration)]
+    pub poll_interval: Option<Duration>,
+    /// Wake idle workers with LISTEN on the channel the `migrate --notify` trigger signals.
+    #[arg(long, env = "OUTBOX_RELAY_LISTEN")]
+    pub listen: Option<bool>,
+    /// Address of the /metrics, /healthz and /readyz server. Default: 0.0.0.0:9090.
+    #[arg(long, env = "OUTBOX_RELAY_METRICS_ADDR", value_name = "HOST:PORT")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// text or json. Default: text.
+    #[arg(long, env = "OUTBOX_RELAY_LOG_FORMAT", value_parser = one_of::<LogFormat>)]
+    pub log_format: Option<LogFormat>,
+    /// How long SIGTERM waits for the batches in flight, e.g. 25s. Default: 25s.
+    #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_GRACE", value_parser = positive_duration)]
+    pub shutdown_grace: Option<Duration>,
+    /// How often this process writes its lag report, e.g. 5s. Default: 5s.
+    #[arg(long, env = "OUTBOX_RELAY_REPORT_INTERVAL", value_parser = positive_duration)]
+    pub report_interval: Option<Duration>,
+    /// AMQP content_type. Default: from the payload column type (application/json for json).
+    #[arg(long, env = "OUTBOX_RELAY_CONTENT_TYPE")]
+    pub content_type: Option<String>,
+    /// Delete processed rows older than this, e.g. 168h (mark mode). Default: keep them.
+    #[arg(long, env = "OUTBOX_RELAY_PROCESSED_RETENTION", value_parser = positive_duration)]
+    pub processed_retention: Option<Duration>,
+    /// Name of this process in lag reports. Default: $POD_NAME, then the host name.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+}

@@ -1,0 +1,563 @@
+//! Relay configuration: flags override environment, environment overrides the YAML file,
+//! and the file overrides the built-in defaults ([`crate::defaults`]). Every value is validated
+//! here, once, with an error that names the option and says what to do.
+
+pub mod args;
+pub mod file;
+pub mod parse;
+
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+pub use args::{ColumnArgs, RunArgs, TableArgs};
+pub use file::FileConfig;
+pub use parse::{ConfigError, LogFormat, one_of, positive_duration};
+
+use crate::broker::routing::{ExchangeType, RoutingKey};
+use crate::defaults::{self, AMQP_SHORT_STRING_MAX};
+use crate::secret_url::{SecretUrl, UrlKind};
+use crate::table::ident::{Ident, TableName};
+use crate::table::outbox::{ColumnRole, Columns, OutboxTable};
+
+/// Everything that describes the table and the database, resolved and validated.
+#[derive(Debug, Clone)]
+pub struct TableConfig {
+    pub database_url: SecretUrl,
+    pub table: OutboxTable,
+    pub relay_name: String,
+}
+
+/// Everything `run` needs.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub db: TableConfig,
+    pub amqp_url: SecretUrl,
+    pub exchange: String,
+    pub declare_exchange: Option<ExchangeType>,
+    pub routing_key: RoutingKey,
+    pub batch_size: usize,
+    pub workers: usize,
+    /// Batches at the broker at once; 0 means no limit (one per worker).
+    pub inflight_batches: usize,
+    pub publisher_confirms: bool,
+    pub mandatory: bool,
+    pub publish_timeout: Duration,
+    pub max_attempts: i32,
+    pub dead_letter_exchange: Option<String>,
+    pub poll_interval: Duration,
+    pub listen: bool,
+    pub metrics_addr: SocketAddr,
+    pub log_format: LogFormat,
+    pub shutdown_grace: Duration,
+    pub report_interval: Duration,
+    pub content_type: Option<String>,
+    pub processed_retention: Option<Duration>,
+    pub pod_name: String,
+}
+
+/// A duration flag, else the file's text parsed the same way, naming `field` when it is bad.
+fn duration(
+    field: &str,
+    flag: Option<Duration>,
+    file: &Option<String>,
+) -> Result<Option<Duration>, ConfigError> {
+    match (flag, file) {
+        (Some(duration), _) => Ok(Some(duration)),
+        (None, Some(text)) => positive_duration(text)
+            .map(Some)
+            .map_err(|message| ConfigError::new(field, message)),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The flag's value, else the file's: the layering of every option.
+fn layer<T: Clone>(flag: &Option<T>, file: &Option<T>) -> Option<T> {
+    flag.clone().or_else(|| file.clone())
+}
+
+fn ranged(
+    field: &str,
+    value: Option<i64>,
+    default: i64,
+    range: RangeInclusive<i64>,
+) -> Result<i64, ConfigError> {
+    let value = value.unwrap_or(default);
+    if !range.contains(&value) {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "must be between {} and {}, got {value}",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    Ok(value)
+}
+
+fn short_string(field: &str, value: &str) -> Result<(), ConfigError> {
+    if value.len() > AMQP_SHORT_STRING_MAX {
+        return Err(ConfigError::new(
+            field,
+            format!(
+                "is {} bytes; AMQP allows at most {AMQP_SHORT_STRING_MAX}",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn url(
+    field: &str,
+    text: Option<String>,
+    env: &str,
+    kind: UrlKind,
+) -> Result<SecretUrl, ConfigError> {
+    let text = text.ok_or_else(|| {
+        ConfigError::new(field, format!("is missing; pass --{field} or set {env}"))
+    })?;
+    SecretUrl::parse(&text, kind).map_err(|e| ConfigError::new(field, e.to_string()))
+}
+
+// Resolution is free functions, not methods of the argument structs: a method counts as part of
+// its type's module, and args would then import the file, which imports args' column mapping.
+
+fn load_file(args: &TableArgs) -> Result<FileConfig, ConfigError> {
+    match &args.config {
+        Some(path) => FileConfig::load(path),
+        None => Ok(FileConfig::default()),
+    }
+}
+
+/// Resolves the table options (for migrate, lag, seed and run).
+pub fn resolve_table(args: &TableArgs) -> Result<TableConfig, ConfigError> {
+    let file = load_file(args)?;
+    resolve_table_with(args, &file)
+}
+
+fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig, ConfigError> {
+    let database_url = url(
+        "database-url",
+        layer(&args.database_url, &file.database_url),
+        "DATABASE_URL",
+        UrlKind::Postgres,
+    )?;
+
+    let table_text = layer(&args.table, &file.table).unwrap_or_else(|| defaults::TABLE.into());
+    let name = TableName::parse(&table_text)
+        .map_err(|e| ConfigError::new("table", format!("table name {e}")))?;
+
+    let columns = Columns::from_roles(|role: ColumnRole| {
+        let from_file = file.columns.as_ref().and_then(|c| c.get(role));
+        match args.columns.get(role).or(from_file) {
+            None => Ok(None),
+            Some(text) => Ident::new(text)
+                .map(Some)
+                .map_err(|e| ConfigError::new(role.option(), format!("column name {e}"))),
+        }
+    })?;
+
+    let relay_name = layer(&args.relay_name, &file.relay_name).unwrap_or_else(|| name.to_string());
+    if relay_name.is_empty()
+        || relay_name.len() > defaults::RELAY_NAME_MAX
+        || relay_name.chars().any(char::is_control)
+    {
+        return Err(ConfigError::new(
+            "relay-name",
+            format!(
+                "must be 1 to {} printable characters",
+                defaults::RELAY_NAME_MAX
+            ),
+        ));
+    }
+
+    Ok(TableConfig {
+        database_url,
+        table: OutboxTable {
+            name,
+            columns,
+            mode: layer(&args.mode, &file.mode).unwrap_or_default(),
+        },
+        relay_name,
+    })
+}
+
+/// Resolves the options of `run`.
+pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
+    let file = load_file(&args.table)?;
+    let db = resolve_table_with(&args.table, &file)?;
+
+    let amqp_url = url(
+        "amqp-url",
+        layer(&args.amqp_url, &file.amqp_url),
+        "AMQP_URL",
+        UrlKind::Amqp,
+    )?;
+
+    let exchange =
+        layer(&args.exchange, &file.exchange).unwrap_or_else(|| defaults::EXCHANGE.into());
+    short_string("exchange", &exchange)?;
+    let routing_key = match layer(&args.routing_key, &file.routing_key) {
+        Some(key) => {
+            short_string("routing-key", &key)?;
+            RoutingKey::Static(key)
+        }
+        None if db.table.columns.routing_key.is_some() => RoutingKey::Column,
+        None => RoutingKey::Type,
+    };
+    let dead_letter_exchange = layer(&args.dead_letter_exchange, &file.dead_letter_exchange);
+    if let Some(dlx) = &dead_letter_exchange {
+        short_string("dead-letter-exchange", dlx)?;
+    }
+    let content_type = layer(&args.content_type, &file.content_type);
+    if let Some(ct) = &content_type {
+        short_string("content-type", ct)?;
+    }
+
+    let batch_size = ranged(
+        "batch-size",
+        layer(&args.batch_size, &file.batch_size),
+        defaults::BATCH_SIZE,
+        defaults::BATCH_SIZE_RANGE,
+    )? as usize;
+    let workers = ranged(
+        "workers",
+        layer(&args.workers, &file.workers),
+        defaults::WORKERS,
+        defaults::WORKERS_RANGE,
+    )? as usize;
+    let inflight_batches = ranged(
+        "inflight-batches",
+        layer(&args.inflight_batches, &file.inflight_batches),
+        defaults::INFLIGHT_BATCHES,
+        defaults::INFLIGHT_BATCHES_RANGE,
+    )? as usize;
+    let max_attempts = ranged(
+        "max-attempts",
+        layer(&args.max_attempts, &file.max_attempts),
+        defaults::MAX_ATTEMPTS,
+        defaults::MAX_ATTEMPTS_RANGE,
+    )? as i32;
+
+    let pod_name = layer(&args.pod_name, &file.pod_name)
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+
+    Ok(RelayConfig {
+        db,
+        amqp_url,
+        exchange,
+        declare_exchange: layer(&args.declare_exchange, &file.declare_exchange),
+        routing_key,
+        batch_size,
+        workers,
+        inflight_batches,
+        publisher_confirms: layer(&args.publisher_confirms, &file.publisher_confirms)
+            .unwrap_or(defaults::PUBLISHER_CONFIRMS),
+        mandatory: layer(&args.mandatory, &file.mandatory).unwrap_or(defaults::MANDATORY),
+        publish_timeout: duration(
+            "publish-timeout",
+            args.publish_timeout,
+            &file.publish_timeout,
+        )?
+        .unwrap_or(defaults::PUBLISH_TIMEOUT),
+        max_attempts,
+        dead_letter_exchange,
+        poll_interval: duration("poll-interval", args.poll_interval, &file.poll_interval)?
+            .unwrap_or(defaults::POLL_INTERVAL),
+        listen: layer(&args.listen, &file.listen).unwrap_or(defaults::LISTEN),
+        metrics_addr: layer(&args.metrics_addr, &file.metrics_addr)
+            .unwrap_or(defaults::METRICS_ADDR),
+        log_format: layer(&args.log_format, &file.log_format).unwrap_or_default(),
+        shutdown_grace: duration("shutdown-grace", args.shutdown_grace, &file.shutdown_grace)?
+            .unwrap_or(defaults::SHUTDOWN_GRACE),
+        report_interval: duration(
+            "report-interval",
+            args.report_interval,
+            &file.report_interval,
+        )?
+        .unwrap_or(defaults::REPORT_INTERVAL),
+        content_type,
+        processed_retention: duration(
+            "processed-retention",
+            args.processed_retention,
+            &file.processed_retention,
+        )?,
+        pod_name,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_args() -> RunArgs {
+        RunArgs {
+            table: TableArgs {
+                database_url: Some("postgres://u:pw@localhost/test".into()),
+                ..Default::default()
+            },
+            amqp_url: Some("amqp://guest:guest@localhost:5672/%2f".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_reference_table() {
+        let config = resolve_run(&run_args()).unwrap();
+        assert_eq!(config.db.table.name.to_string(), "outbox_messages");
+        assert_eq!(config.db.table.columns, Columns::default());
+        assert_eq!(config.batch_size, 500);
+        assert_eq!(config.inflight_batches, 1);
+        assert!(config.publisher_confirms);
+        assert_eq!(config.routing_key, RoutingKey::Type);
+        assert_eq!(config.db.relay_name, "outbox_messages");
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let file =
+            FileConfig::parse("table: app.events\nbatch_size: 50\ncolumns:\n  payload: body\n")
+                .unwrap();
+        let mut args = run_args();
+        args.batch_size = Some(70);
+        let db = resolve_table_with(&args.table, &file).unwrap();
+        assert_eq!(db.table.name.to_string(), "app.events");
+        assert_eq!(db.table.columns.payload.as_str(), "body");
+        args.table.table = Some("other".into());
+        assert_eq!(
+            resolve_table_with(&args.table, &file)
+                .unwrap()
+                .table
+                .name
+                .to_string(),
+            "other"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_option() {
+        type Mutation = Box<dyn Fn(&mut RunArgs)>;
+        let cases: Vec<(Mutation, &str)> = vec![
+            (
+                Box::new(|a| a.table.table = Some("outbox; drop table x".into())),
+                "table",
+            ),
+            (
+                Box::new(|a| a.table.columns.payload = Some("".into())),
+                "payload-column",
+            ),
+            (Box::new(|a| a.batch_size = Some(0)), "batch-size"),
+            (Box::new(|a| a.batch_size = Some(-5)), "batch-size"),
+            (Box::new(|a| a.workers = Some(100_000)), "workers"),
+            (
+                Box::new(|a| a.inflight_batches = Some(-1)),
+                "inflight-batches",
+            ),
+            (
+                Box::new(|a| a.amqp_url = Some("http://x".into())),
+                "amqp-url",
+            ),
+            (
+                Box::new(|a| a.table.database_url = Some("::::".into())),
+                "database-url",
+            ),
+            (Box::new(|a| a.exchange = Some("x".repeat(300))), "exchange"),
+        ];
+        for (mutate, field) in cases {
+            let mut args = run_args();
+            mutate(&mut args);
+            let err = resolve_run(&args).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.to_string().starts_with(&format!("invalid --{field}: ")));
+        }
+        // Values with a type of their own are refused by clap as it parses them, naming the
+        // flag the same way.
+        #[derive(clap::Parser)]
+        struct Run {
+            #[command(flatten)]
+            args: RunArgs,
+        }
+        let typed = [
+            ("mode", "archive"),
+            ("publish-timeout", "soon"),
+            ("poll-interval", "0s"),
+            ("metrics-addr", "nowhere"),
+            ("declare-exchange", "queue"),
+            ("log-format", "xml"),
+        ];
+        for (field, value) in typed {
+            let flag = format!("--{field}");
+            let Err(err) = <Run as clap::Parser>::try_parse_from(["run", &flag, value]) else {
+                panic!("{flag} {value} was accepted");
+            };
+            use clap::error::ErrorKind;
+            assert!(
+                matches!(
+                    err.kind(),
+                    ErrorKind::ValueValidation | ErrorKind::InvalidValue
+                ),
+                "{err}"
+            );
+            assert!(err.to_string().contains(&flag), "{err}");
+        }
+    }
+
+    /// The help texts say the defaults in words; they must be the ones that apply.
+    #[test]
+    fn help_texts_state_the_defaults_that_apply() {
+        use crate::table::outbox::DeliveryMode;
+        use clap::ValueEnum;
+        let command = <RunArgs as clap::Args>::augment_args(clap::Command::new("run"));
+        let help = |id: &str| {
+            command
+                .get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_help())
+                .map(|h| h.to_string())
+                .unwrap_or_else(|| panic!("no help for {id}"))
+        };
+        let duration = |d: Duration| humantime::format_duration(d).to_string();
+        let name = |v: clap::builder::PossibleValue| v.get_name().to_string();
+        let stated = [
+            ("table", defaults::TABLE.to_string()),
+            ("id_column", defaults::columns::ID.into()),
+            ("type_column", defaults::columns::TYPE.into()),
+            ("payload_column", defaults::columns::PAYLOAD.into()),
+            ("occurred_at_column", defaults::columns::OCCURRED_AT.into()),
+            (
+                "processed_at_column",
+                defaults::columns::PROCESSED_AT.into(),
+            ),
+            ("error_column", defaults::columns::ERROR.into()),
+            (
+                "mode",
+                name(DeliveryMode::default().to_possible_value().unwrap()),
+            ),
+            ("exchange", defaults::EXCHANGE.into()),
+            ("batch_size", defaults::BATCH_SIZE.to_string()),
+            ("workers", defaults::WORKERS.to_string()),
+            ("inflight_batches", defaults::INFLIGHT_BATCHES.to_string()),
+            ("max_attempts", defaults::MAX_ATTEMPTS.to_string()),
+            ("publish_timeout", duration(defaults::PUBLISH_TIMEOUT)),
+            ("poll_interval", duration(defaults::POLL_INTERVAL)),
+            ("metrics_addr", defaults::METRICS_ADDR.to_string()),
+            (
+                "log_format",
+                name(LogFormat::default().to_possible_value().unwrap()),
+            ),
+            ("shutdown_grace", duration(defaults::SHUTDOWN_GRACE)),
+            ("report_interval", duration(defaults::REPORT_INTERVAL)),
+        ];
+        for (id, default) in stated {
+            let text = help(id);
+            assert!(
+                text.trim_end_matches('.')
+                    .ends_with(&format!("Default: {default}")),
+                "{id}: {text}"
+            );
+        }
+        for (id, range) in [
+            ("batch_size", defaults::BATCH_SIZE_RANGE),
+            ("workers", defaults::WORKERS_RANGE),
+            ("max_attempts", defaults::MAX_ATTEMPTS_RANGE),
+        ] {
+            let text = help(id);
+            let stated = format!("({}..={})", range.start(), range.end());
+            assert!(text.contains(&stated), "{id}: {text}");
+        }
+    }
+
+    #[test]
+    fn file_keys_are_checked() {
+        let err = FileConfig::parse("batch_sise: 5\n").unwrap_err();
+        assert!(err.contains("batch_sise"), "{err}");
+        let err = FileConfig::parse("columns:\n  paylod: x\n").unwrap_err();
+        assert!(err.contains("paylod"), "{err}");
+        assert!(FileConfig::parse("batch_size: [1").is_err());
+        assert!(FileConfig::parse("- a\n- b\n").is_err());
+        assert!(FileConfig::parse("batch_size: many\n").is_err());
+        assert!(FileConfig::parse("mode: archive\n").is_err());
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const KNOWN_KEYS: &[&str] = &[
+            "database_url",
+            "amqp_url",
+            "table",
+            "columns",
+            "mode",
+            "relay_name",
+            "exchange",
+            "declare_exchange",
+            "routing_key",
+            "batch_size",
+            "workers",
+            "inflight_batches",
+            "publisher_confirms",
+            "mandatory",
+            "publish_timeout",
+            "max_attempts",
+            "dead_letter_exchange",
+            "poll_interval",
+            "listen",
+            "metrics_addr",
+            "log_format",
+            "shutdown_grace",
+            "report_interval",
+            "content_type",
+            "processed_retention",
+            "pod_name",
+        ];
+
+        proptest! {
+            // Any text at all: the parser answers Ok or Err, it never panics.
+            #[test]
+            fn fuzz_config_parser_never_panics(text in "\\PC{0,200}") {
+                let _ = FileConfig::parse(&text);
+            }
+
+            // YAML-looking text built from real and invented keys and odd values.
+            #[test]
+            fn fuzz_config_parser_on_yaml_shapes(
+                lines in proptest::collection::vec(("[a-z_]{1,16}", prop_oneof![
+                    Just("1".to_string()), Just("-5".to_string()), Just("[".to_string()), Just("{a: 1}".to_string()),
+                    Just("true".to_string()), Just("''".to_string()), "[a-z0-9 .;]{0,20}",
+                ]), 0..8)
+            ) {
+                let text: String = lines.iter().map(|(k, v)| format!("{k}: {v}\n")).collect();
+                if let Err(message) = FileConfig::parse(&text) {
+                    prop_assert!(!message.is_empty());
+                }
+            }
+
+            #[test]
+            fn fuzz_unknown_keys_are_named(key in "[a-z_]{1,24}") {
+                prop_assume!(!KNOWN_KEYS.contains(&key.as_str()));
+                let err = FileConfig::parse(&format!("{key}: 1\n")).unwrap_err();
+                prop_assert!(err.contains(&key), "{}", err);
+            }
+
+            // Whatever the table text, resolution answers with a ConfigError naming --table or succeeds.
+            #[test]
+            fn fuzz_table_names_resolve_or_name_the_field(table in "\\PC{0,80}") {
+                let mut args = TableArgs {
+                    database_url: Some("postgres://u@localhost/db".into()),
+                    table: Some(table),
+                    ..Default::default()
+                };
+                match resolve_table(&args) {
+                    Ok(config) => prop_assert!(config.table.name.quoted().starts_with('"')),
+                    Err(e) => prop_assert_eq!(e.field, "table"),
+                }
+                args.table = None;
+                prop_assert!(resolve_table(&args).is_ok());
+            }
+        }
+    }
+}

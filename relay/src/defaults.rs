@@ -1,0 +1,69 @@
+//! Every default value and limit of the relay's options, in one place: the CLI, the YAML file,
+//! the table layout and the protocol read them from here, so a default is changed once. (The
+//! enums' defaults are their `#[default]` variants: `DeliveryMode::Mark`, `LogFormat::Text`.)
+//!
+//! This module imports nothing from the crate, so every other module may use it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+/// The reference article's table.
+pub const TABLE: &str = "outbox_messages";
+
+/// Column names of the reference article's table.
+pub mod columns {
+    pub const ID: &str = "id";
+    pub const TYPE: &str = "type";
+    pub const PAYLOAD: &str = "content";
+    pub const OCCURRED_AT: &str = "occurred_on_utc";
+    pub const PROCESSED_AT: &str = "processed_on_utc";
+    pub const ERROR: &str = "error";
+}
+
+/// The relay name (reports, advisory locks) is the table's name unless given; it is at most
+/// this many printable characters.
+pub const RELAY_NAME_MAX: usize = 200;
+
+/// AMQP short strings (type, message_id, routing key, exchange, content type, header names)
+/// are limited to 255 bytes.
+pub const AMQP_SHORT_STRING_MAX: usize = 255;
+
+pub const EXCHANGE: &str = "outbox";
+
+pub const BATCH_SIZE: i64 = 500;
+pub const BATCH_SIZE_RANGE: RangeInclusive<i64> = 1..=10_000;
+
+pub const WORKERS: i64 = 2;
+pub const WORKERS_RANGE: RangeInclusive<i64> = 1..=256;
+
+/// One batch at the broker at a time: a queue confirms one batch at a time fastest.
+pub const INFLIGHT_BATCHES: i64 = 1;
+/// 0 means one per worker.
+pub const INFLIGHT_BATCHES_RANGE: RangeInclusive<i64> = 0..=256;
+
+pub const MAX_ATTEMPTS: i64 = 5;
+pub const MAX_ATTEMPTS_RANGE: RangeInclusive<i64> = 1..=1000;
+
+pub const PUBLISHER_CONFIRMS: bool = true;
+pub const MANDATORY: bool = false;
+pub const LISTEN: bool = true;
+
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// A little under Kubernetes' default termination grace period of 30 s.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(5);
+
+pub const METRICS_PORT: u16 = 9090;
+pub const METRICS_ADDR: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), METRICS_PORT);
+
+/// Counting the backlog stops here; a report at the cap says "at least this many".
+pub const BACKLOG_CAP: i64 = 1_000_000;
+
+/// `migrate --wait`: how long to retry while another migration holds the lock.
+pub const MIGRATE_WAIT: Duration = Duration::from_secs(5 * 60);
+
+/// `consume --idle-timeout`.
+pub const CONSUME_IDLE_TIMEOUT: Duration = Duration::from_secs(30);

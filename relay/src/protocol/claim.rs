@@ -1,0 +1,160 @@
+//! The claim: up to a batch of pending rows in claim order, locked `FOR UPDATE SKIP LOCKED`, from
+//! where the [`super::cursor::ClaimCursor`] says, decoded into [`ClaimedRow`]s.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, Column as _, Postgres, Row};
+
+use super::row::{ClaimedRow, Column, Malformed};
+use crate::table::sql::{Statements, columns};
+
+/// How far before the database's now() the recent claim starts: a row whose transaction took
+/// longer than this between taking its claim position and committing waits for the full claim.
+pub const RECENT_WINDOW: Duration = Duration::from_secs(10);
+
+/// Where one claim starts.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimStart {
+    /// At the head of the pending index.
+    #[default]
+    Head,
+    /// At the earlier of `horizon` (when known) and the database's now() minus
+    /// [`RECENT_WINDOW`].
+    Recent { horizon: Option<DateTime<Utc>> },
+    /// At this claim position: the last claimed row's.
+    After(DateTime<Utc>),
+}
+
+/// The claim statement for `start`, with its values bound.
+pub fn claim_query(
+    statements: &Statements,
+    limit: i64,
+    start: ClaimStart,
+) -> Query<'static, Postgres, PgArguments> {
+    match start {
+        ClaimStart::Head => sqlx::query(AssertSqlSafe(statements.claim.clone())).bind(limit),
+        ClaimStart::Recent { horizon } => {
+            sqlx::query(AssertSqlSafe(statements.claim_recent.clone()))
+                .bind(limit)
+                .bind(horizon)
+                .bind(RECENT_WINDOW.as_secs_f64())
+        }
+        ClaimStart::After(position) => sqlx::query(AssertSqlSafe(statements.claim_from.clone()))
+            .bind(limit)
+            .bind(position),
+    }
+}
+
+/// Decodes the claimed rows by the claim's column names ([`columns`]).
+pub fn decode_all(rows: &[PgRow]) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let positions = Positions::of(first)?;
+    rows.iter().map(|row| positions.decode(row)).collect()
+}
+
+/// Where each named column of the claim is, looked up once per batch: every row of a result
+/// has the same columns, and a lookup by name per row and column would cost a hash each.
+struct Positions {
+    id: usize,
+    kind: usize,
+    payload: usize,
+    occurred_at: usize,
+    routing_key: usize,
+    headers: usize,
+    attempts: usize,
+}
+
+impl Positions {
+    fn of(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let at = |name: &str| row.try_column(name).map(|column| column.ordinal());
+        Ok(Self {
+            id: at(columns::ID)?,
+            kind: at(columns::KIND)?,
+            payload: at(columns::PAYLOAD)?,
+            occurred_at: at(columns::OCCURRED_AT)?,
+            routing_key: at(columns::ROUTING_KEY)?,
+            headers: at(columns::HEADERS)?,
+            attempts: at(columns::ATTEMPTS)?,
+        })
+    }
+
+    fn decode(&self, row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {
+        let mut malformed = None;
+        let kind = text_column(row, self.kind, Column::Type, &mut malformed)?;
+        let routing_key = text_column(row, self.routing_key, Column::RoutingKey, &mut malformed)?;
+        Ok(ClaimedRow {
+            id: row.try_get(self.id)?,
+            kind,
+            payload: raw_bytes(row, self.payload)?,
+            occurred_at: row.try_get(self.occurred_at)?,
+            routing_key,
+            headers: row.try_get(self.headers)?,
+            attempts: row.try_get(self.attempts)?,
+            malformed,
+        })
+    }
+}
+
+/// Raw bytes of a text-like column, so bytes that are not UTF-8 (possible in a SQL_ASCII
+/// database) never fail the batch. Claim casts json and jsonb payloads to text, so the bytes
+/// are the document's text.
+fn raw_bytes(row: &PgRow, index: usize) -> Result<Option<Vec<u8>>, sqlx::Error> {
+    use sqlx::ValueRef;
+    let value = row.try_get_raw(index)?;
+    if value.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(
+        value.as_bytes().map_err(sqlx::Error::Decode)?.to_vec(),
+    ))
+}
+
+/// A text column that must be UTF-8 for AMQP; bad bytes make the row malformed (the first
+/// problem found is kept), not the batch.
+fn text_column(
+    row: &PgRow,
+    index: usize,
+    column: Column,
+    malformed: &mut Option<Malformed>,
+) -> Result<Option<String>, sqlx::Error> {
+    Ok(match raw_bytes(row, index)? {
+        None => None,
+        Some(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => Some(text),
+            Err(_) => {
+                malformed.get_or_insert(Malformed::NotUtf8(column));
+                None
+            }
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::ident::TableName;
+    use crate::table::inspect::PayloadKind;
+    use crate::table::outbox::OutboxTable;
+    use sqlx::{Arguments, Execute};
+
+    #[test]
+    fn each_claim_binds_as_many_values_as_its_statement_takes() {
+        let table = OutboxTable::new(TableName::parse("outbox").unwrap());
+        let statements = Statements::new(&table, PayloadKind::Json);
+        // table::sql's tests check that the statements take $1, $1..$3 and $1..$2.
+        for (start, values) in [
+            (ClaimStart::Head, 1),
+            (ClaimStart::Recent { horizon: None }, 3),
+            (ClaimStart::After(Utc::now()), 2),
+        ] {
+            let mut query = claim_query(&statements, 10, start);
+            let arguments = query.take_arguments().unwrap().expect("bound values");
+            assert_eq!(arguments.len(), values, "{start:?}");
+        }
+    }
+}

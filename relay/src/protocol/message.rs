@@ -1,0 +1,157 @@
+//! Turning claimed rows into messages: the main message of a row, or why the row cannot be one,
+//! and the dead letter of a row given up on.
+
+use super::row::{ClaimedRow, Column, Malformed};
+use crate::broker::Message;
+use crate::broker::headers;
+use crate::broker::routing::RoutingKey;
+use crate::defaults::AMQP_SHORT_STRING_MAX;
+
+/// The value of `column` when it fits an AMQP short string.
+fn short_string(column: Column, value: &str) -> Result<&str, Malformed> {
+    if value.len() > AMQP_SHORT_STRING_MAX {
+        return Err(Malformed::TooLong {
+            column,
+            len: value.len(),
+        });
+    }
+    Ok(value)
+}
+
+/// Turns a row into a message, or says why it cannot be one.
+pub fn to_message<'a>(
+    row: &'a ClaimedRow,
+    routing: &'a RoutingKey,
+) -> Result<Message<'a>, Malformed> {
+    if let Some(problem) = &row.malformed {
+        return Err(problem.clone());
+    }
+    let kind = row.kind.as_deref().ok_or(Malformed::Null(Column::Type))?;
+    let kind = short_string(Column::Type, kind)?;
+    let payload = row
+        .payload
+        .as_deref()
+        .ok_or(Malformed::Null(Column::Payload))?;
+    let routing_key = match routing {
+        RoutingKey::Type => kind,
+        RoutingKey::Column => row.routing_key.as_deref().unwrap_or(kind),
+        RoutingKey::Static(key) => key.as_str(),
+    };
+    let routing_key = short_string(Column::RoutingKey, routing_key)?;
+    Ok(Message {
+        id: row.id,
+        kind,
+        routing_key,
+        payload,
+        timestamp: timestamp(row),
+        headers: headers::check(row.headers.as_ref())?,
+        error: None,
+    })
+}
+
+/// The AMQP timestamp of a row: its claim position in whole seconds, when it has one after 1970.
+fn timestamp(row: &ClaimedRow) -> Option<u64> {
+    row.occurred_at
+        .and_then(|t| u64::try_from(t.timestamp()).ok())
+}
+
+/// The dead letter of a row, with its error in a header. Over-long type and routing key are
+/// left out rather than refused: a dead letter must get out whatever is wrong with the row.
+pub fn dead_letter<'a>(
+    row: &'a ClaimedRow,
+    error: &'a str,
+    routing: &'a RoutingKey,
+) -> Message<'a> {
+    let fits = |text: &'a str| short_string(Column::Type, text).unwrap_or("");
+    let kind = fits(row.kind.as_deref().unwrap_or(""));
+    Message {
+        id: row.id,
+        kind,
+        routing_key: match routing {
+            RoutingKey::Static(key) => key.as_str(),
+            _ => kind,
+        },
+        payload: row.payload.as_deref().unwrap_or(&[]),
+        timestamp: timestamp(row),
+        headers: None,
+        error: Some(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> ClaimedRow {
+        ClaimedRow::sample()
+    }
+
+    #[test]
+    fn routing_key_follows_the_setting() {
+        let r = row();
+        assert_eq!(
+            to_message(&r, &RoutingKey::Type).unwrap().routing_key,
+            "OrderCreated"
+        );
+        assert_eq!(
+            to_message(&r, &RoutingKey::Column).unwrap().routing_key,
+            "orders"
+        );
+        let fixed = RoutingKey::Static("all".into());
+        assert_eq!(to_message(&r, &fixed).unwrap().routing_key, "all");
+        let no_column = ClaimedRow {
+            routing_key: None,
+            ..row()
+        };
+        assert_eq!(
+            to_message(&no_column, &RoutingKey::Column)
+                .unwrap()
+                .routing_key,
+            "OrderCreated"
+        );
+    }
+
+    #[test]
+    fn malformed_rows_say_why() {
+        let null_payload = ClaimedRow {
+            payload: None,
+            ..row()
+        };
+        assert!(
+            to_message(&null_payload, &RoutingKey::Type)
+                .unwrap_err()
+                .to_string()
+                .contains("payload column is NULL")
+        );
+        let long_type = ClaimedRow {
+            kind: Some("t".repeat(256)),
+            ..row()
+        };
+        assert!(
+            to_message(&long_type, &RoutingKey::Type)
+                .unwrap_err()
+                .to_string()
+                .contains("256 bytes")
+        );
+        let bad_headers = ClaimedRow {
+            headers: Some(serde_json::json!([1])),
+            ..row()
+        };
+        assert!(
+            to_message(&bad_headers, &RoutingKey::Type)
+                .unwrap_err()
+                .to_string()
+                .contains("JSON object")
+        );
+        let null_type = ClaimedRow {
+            kind: None,
+            ..row()
+        };
+        assert!(
+            to_message(&null_type, &RoutingKey::Type)
+                .unwrap_err()
+                .to_string()
+                .contains("type column is NULL")
+        );
+    }
+}

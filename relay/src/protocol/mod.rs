@@ -1,0 +1,10 @@
+//! One batch of the table protocol, inside one transaction: claim → publish → await confirms →
+//! settle → commit. Generic over the [`crate::broker::Publisher`], so the claim loop knows no
+//! broker protocol.
+
+pub mod batch;
+pub mod claim;
+pub mod cursor;
+pub mod message;
+pub mod row;
+pub mod settle;

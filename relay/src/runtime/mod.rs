@@ -1,0 +1,9 @@
+//! A running relay process: the workers (each one database connection and one publisher), the
+//! reporter, the LISTEN task and the HTTP endpoints, started and stopped in order by [`run`].
+
+pub mod backoff;
+pub mod http;
+pub mod listener;
+pub mod reporter;
+pub mod run;
+pub mod worker;

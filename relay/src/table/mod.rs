@@ -1,0 +1,13 @@
+//! Everything about the outbox table: validated identifiers, the table's shape and column
+//! mapping, the SQL of the protocol, the migration and the lag reports. The only module that
+//! writes SQL.
+
+pub mod connect;
+pub mod ident;
+pub mod inspect;
+pub mod migrate;
+pub mod outbox;
+pub mod reports;
+pub mod sql;
+
+pub use outbox::{Columns, DeliveryMode, OutboxTable, REPORTS_TABLE};
