@@ -115,7 +115,7 @@ async fn a_users_first_hour_with_kubectl() {
 
     // Rows inserted are delivered once each.
     let mut conn = db::connect().await;
-    outbox_relay::seed::copy_rows(&mut conn, &table, 2_000, 50, |_| {})
+    outbox_relay::tools::seed::copy_rows(&mut conn, &table, 2_000, 50, |_| {})
         .await
         .unwrap();
     assert!(

@@ -236,7 +236,7 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
     );
 
     // Rows inserted are relayed, once each, by relay pods running as local processes.
-    outbox_relay::seed::copy_rows(&mut conn, &table, 2_000, 50, |_| {})
+    outbox_relay::tools::seed::copy_rows(&mut conn, &table, 2_000, 50, |_| {})
         .await
         .unwrap();
     assert!(
