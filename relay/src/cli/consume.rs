@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
-use super::shared::{failure, usage_error};
+use super::shared::{failure, progress_style, usage_error};
 use crate::broker::routing::ExchangeType;
 use crate::config::{ConfigError, one_of, positive_duration};
 use crate::defaults;
@@ -99,13 +99,7 @@ pub async fn command(args: ConsumeArgs) -> ExitCode {
         (false, Some(n)) => ProgressBar::new(n),
         (false, None) => ProgressBar::new_spinner(),
     };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} consumed [{bar:40}] {pos}/{len} messages ({per_sec}, eta {eta})",
-        )
-        .expect("static template")
-        .progress_chars("=> "),
-    );
+    bar.set_style(progress_style(PROGRESS));
     let result = consume::consume(&url, &topology, args.expect, idle, args.distinct, |n| {
         if n.is_multiple_of(1000) {
             bar.set_position(n);
@@ -137,3 +131,7 @@ pub async fn command(args: ConsumeArgs) -> ExitCode {
         Err(e) => failure(format!("consuming from {url}: {e}")),
     }
 }
+
+/// The progress line; `{rate}` is whole messages per second (see `shared::progress_style`).
+pub(crate) const PROGRESS: &str =
+    "{spinner} consumed [{bar:40}] {pos}/{len} messages ({rate}, eta {eta})";

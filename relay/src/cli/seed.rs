@@ -2,9 +2,9 @@
 
 use std::process::ExitCode;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
-use super::shared::{connect, failure, inspect_failure, usage_error};
+use super::shared::{connect, failure, inspect_failure, progress_style, usage_error};
 use crate::config::{ConfigError, TableArgs};
 use crate::table::inspect::inspect;
 use crate::tools::seed;
@@ -69,13 +69,7 @@ pub async fn command(args: SeedArgs) -> ExitCode {
     } else {
         ProgressBar::new(rows)
     };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} seeding [{bar:40}] {pos}/{len} rows ({per_sec}, eta {eta})",
-        )
-        .expect("static template")
-        .progress_chars("=> "),
-    );
+    bar.set_style(progress_style(PROGRESS));
     let result = match args.rate {
         None => {
             seed::copy_rows(
@@ -107,3 +101,7 @@ pub async fn command(args: SeedArgs) -> ExitCode {
         Err(e) => failure(e),
     }
 }
+
+/// The progress line; `{rate}` is whole rows per second (see `shared::progress_style`).
+pub(crate) const PROGRESS: &str =
+    "{spinner} seeding [{bar:40}] {pos}/{len} rows ({rate}, eta {eta})";

@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use indicatif::{HumanCount, ProgressState, ProgressStyle};
 use sqlx::{Connection, PgConnection};
 
 use crate::config::{LogFormat, TableArgs, TableConfig, resolve_table};
@@ -49,5 +50,58 @@ pub fn inspect_failure(e: InspectError) -> ExitCode {
         usage_error(e)
     } else {
         failure(e)
+    }
+}
+
+/// The progress bar of `seed` and `consume`: indicatif's own `{per_sec}` prints four decimals
+/// ("1,518.3588/s"), so the template's `{rate}` key prints whole messages per second instead,
+/// like the summary lines.
+pub fn progress_style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template)
+        .expect("static template")
+        .with_key(
+            "rate",
+            |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&format_rate(state.per_sec()));
+            },
+        )
+        .progress_chars("=> ")
+}
+
+/// Whole messages per second with thousands separators: `1518.3588` becomes "1,518/s".
+pub fn format_rate(per_sec: f64) -> String {
+    // NaN or infinite (no time elapsed yet) shows as 0 rather than a nonsense number.
+    let whole = if per_sec.is_finite() && per_sec > 0.0 {
+        per_sec.round() as u64
+    } else {
+        0
+    };
+    format!("{}/s", HumanCount(whole))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_whole_messages_per_second() {
+        assert_eq!(format_rate(1518.3588), "1,518/s");
+        assert_eq!(format_rate(0.4), "0/s");
+        assert_eq!(format_rate(999.6), "1,000/s");
+        assert_eq!(format_rate(f64::NAN), "0/s");
+        assert_eq!(format_rate(f64::INFINITY), "0/s");
+    }
+
+    #[test]
+    fn progress_templates_use_the_whole_number_rate() {
+        // The templates of seed and consume must not fall back to indicatif's `{per_sec}`.
+        for template in [
+            super::super::seed::PROGRESS,
+            super::super::consume::PROGRESS,
+        ] {
+            assert!(template.contains("{rate}"), "{template}");
+            assert!(!template.contains("per_sec"), "{template}");
+            progress_style(template);
+        }
     }
 }
