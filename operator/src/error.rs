@@ -26,6 +26,10 @@ pub enum Error {
     /// The message is already redacted.
     #[error("migration failed: {0}")]
     MigrationFailed(String),
+    /// The table's id column is not kept unique; the migration refused it. Its own reason
+    /// because the fix is in the user's table, not in the spec or the database's health.
+    #[error("migration refused: {0}")]
+    IdNotUnique(String),
     /// The message is already redacted.
     #[error("reading the lag reports failed: {0}")]
     ObserveLag(String),
@@ -50,6 +54,7 @@ impl Error {
             Error::InvalidSpec(_) => "invalid_spec",
             Error::DatabaseUnreachable(_) => "database_unreachable",
             Error::MigrationFailed(_) => "migration_failed",
+            Error::IdNotUnique(_) => "id_not_unique",
             Error::ObserveLag(_) => "observe_lag",
             Error::ObserveDeployment(_) => "observe_deployment",
             Error::ApplyDeployment(_) => "apply_deployment",
@@ -69,6 +74,7 @@ impl Error {
             Error::InvalidSpec(_) => Some("InvalidSpec"),
             Error::DatabaseUnreachable(_) => Some("DatabaseUnreachable"),
             Error::MigrationFailed(_) => Some("MigrationFailed"),
+            Error::IdNotUnique(_) => Some("IdNotUnique"),
             Error::ObserveLag(_) => Some("LagUnavailable"),
             Error::MissingNamespace => Some("InvalidSpec"),
             // The API server refused the Deployment itself: something in the spec (a label,
@@ -89,7 +95,7 @@ impl Error {
     pub fn concerns_the_index(&self) -> bool {
         matches!(
             self,
-            Error::DatabaseUnreachable(_) | Error::MigrationFailed(_)
+            Error::DatabaseUnreachable(_) | Error::MigrationFailed(_) | Error::IdNotUnique(_)
         )
     }
 }
@@ -114,6 +120,7 @@ mod tests {
             Error::InvalidSpec(SpecErrors(vec![])),
             Error::DatabaseUnreachable("refused".into()),
             Error::MigrationFailed("table missing".into()),
+            Error::IdNotUnique("column id has no primary key".into()),
         ];
         let labels: std::collections::BTreeSet<_> =
             errors.iter().map(Error::metric_label).collect();

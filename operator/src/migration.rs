@@ -95,6 +95,10 @@ pub async fn migrate_once(
                 database_url,
             )))
         }
+        Err(e @ MigrateError::IdNotUnique { .. }) => Err(Error::IdNotUnique(redact(
+            &describe_for_spec(&e),
+            database_url,
+        ))),
         Err(other) => Err(Error::MigrationFailed(redact(
             &describe_for_spec(&other),
             database_url,

@@ -683,6 +683,46 @@ async fn a_missing_table_fails_the_migration_with_the_spec_field() {
     finish(server).await;
 }
 
+#[tokio::test]
+async fn an_id_without_a_unique_index_is_refused_with_its_own_reason() {
+    let table = create_outbox_table().await;
+    let mut conn = crate::test_support::connect().await;
+    // The fixture's table has a primary key; take it away, as a user's table might lack one.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE \"{table}\" DROP CONSTRAINT \"{table}_pkey\""
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let relay = sample_relay("orders", spec_for_table(&table));
+    let (ctx, handle) = mock_context(Settings::default());
+    let mut script = secret_steps();
+    script.push(patch_status(|body| {
+        let status = sent_status(body);
+        assert_conditions(
+            &status,
+            &[
+                (READY, "False", "IdNotUnique"),
+                (INDEX_READY, "False", "IdNotUnique"),
+            ],
+        );
+        let ready = conditions::find(&status.conditions, READY).unwrap();
+        assert!(
+            ready.message.contains("spec.database.columns.id")
+                && ready.message.contains("has no primary key or unique index")
+                && ready.message.contains("add PRIMARY KEY (id)"),
+            "{}",
+            ready.message
+        );
+    }));
+    script.push(Step::event(NS, "IdNotUnique"));
+    let server = serve(handle, script);
+
+    let error = reconcile(relay.into(), ctx).await.unwrap_err();
+    assert_eq!(error.metric_label(), "id_not_unique");
+    finish(server).await;
+}
+
 /// A relay with a scaling block, its table migrated (so the report table exists) and the
 /// migration remembered, so the script starts at the Deployment.
 async fn scaling_relay(

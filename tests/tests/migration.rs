@@ -207,3 +207,66 @@ async fn a_ten_kilobyte_payload_can_still_be_inserted_after_migration() {
         .expect_err("the covering index refuses large rows");
     assert!(err.to_string().contains("index row"), "{err}");
 }
+
+/// Creates the reference columns with an id that nothing keeps unique, plus `extra` (an index
+/// or constraint statement, `{t}` for the table), and runs `outbox-relay migrate` on it.
+async fn migrate_cli_with_id(name: &str, extra: &str) -> (i32, String, String, PgConnection) {
+    let mut conn = db::connect().await;
+    let t = format!("\"{name}\"");
+    db::exec(
+        &mut conn,
+        &format!(
+            "CREATE TABLE {t} (id uuid NOT NULL, type varchar(255) NOT NULL, content jsonb, \
+             occurred_on_utc timestamptz NOT NULL, processed_on_utc timestamptz NULL, error text NULL)"
+        ),
+    )
+    .await;
+    if !extra.is_empty() {
+        db::exec(&mut conn, &extra.replace("{t}", &t)).await;
+    }
+    let url = outbox_tests::database_url();
+    let (code, stdout, stderr) =
+        process::run_relay_command(&["migrate", "--database-url", &url, "--table", name]).await;
+    (code, stdout, stderr, conn)
+}
+
+#[tokio::test]
+async fn an_id_without_a_unique_index_is_refused() {
+    let table = db::table(&unique("noid"));
+    let name = table.name.to_string();
+    let (code, _, stderr, mut conn) = migrate_cli_with_id(&name, "").await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "column id of table {name} has no primary key or unique index"
+        )) && stderr.contains("add PRIMARY KEY (id)"),
+        "{stderr}"
+    );
+    // Refused before anything was built.
+    let options = MigrationOptions::default();
+    assert_eq!(index_state(&mut conn, &table, &options).await, None);
+
+    // Neither a composite unique key nor a partial unique index keeps the id unique.
+    for extra in [
+        "CREATE UNIQUE INDEX ON {t} (id, type)",
+        "CREATE UNIQUE INDEX ON {t} (id) WHERE processed_on_utc IS NULL",
+    ] {
+        let name = unique("weakid");
+        let (code, _, stderr, _) = migrate_cli_with_id(&name, extra).await;
+        assert_eq!(code, 2, "{extra}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn an_id_with_a_unique_index_is_accepted() {
+    for extra in [
+        "CREATE UNIQUE INDEX ON {t} (id)",
+        "ALTER TABLE {t} ADD CONSTRAINT {t}_id_unique UNIQUE (id)",
+    ] {
+        let name = unique("uniqid");
+        let extra = extra.replace("{t}_id_unique", &format!("\"{name}_u\""));
+        let (code, stdout, stderr, _) = migrate_cli_with_id(&name, &extra).await;
+        assert_eq!(code, 0, "{extra}: {stderr}");
+        assert!(stdout.contains("created"), "{stdout}");
+    }
+}

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::shared::{connect, failure, init_logs, inspect_failure};
+use super::shared::{connect, failure, init_logs, inspect_failure, usage_error};
 use crate::config::{LogFormat, TableArgs, positive_duration};
 use crate::defaults;
 use crate::table::migrate::{MigrateError, MigrationOptions, migrate};
@@ -56,6 +56,8 @@ pub async fn command(args: MigrateArgs) -> ExitCode {
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
             Err(MigrateError::Table(e)) => return inspect_failure(e),
+            // The user must change the table: bad input, exit 2.
+            Err(e @ MigrateError::IdNotUnique { .. }) => return usage_error(e),
             Err(e) => return failure(e),
         }
     }

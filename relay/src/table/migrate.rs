@@ -94,6 +94,15 @@ pub enum MigrateError {
     LockBusy,
     #[error(transparent)]
     Table(#[from] InspectError),
+    /// The id is the key of the settle statement and the AMQP `message_id`; duplicate ids
+    /// would settle rows that were never published and defeat consumers' deduplication, so
+    /// the migration refuses the table rather than index it. It is the user's table to fix.
+    #[error(
+        "invalid --id-column: column {column} of table {table} has no primary key or unique index: \
+         settling by id and deduplicating by message_id need unique ids; add PRIMARY KEY ({column}) \
+         or a unique index on it"
+    )]
+    IdNotUnique { table: String, column: String },
     #[error("migration statement failed ({step}): {source}")]
     Statement {
         step: &'static str,
@@ -176,6 +185,12 @@ pub async fn migrate(
     options: &MigrationOptions,
 ) -> Result<MigrationReport, MigrateError> {
     let shape = inspect(conn, table).await?;
+    if !id_is_unique(conn, table).await? {
+        return Err(MigrateError::IdNotUnique {
+            table: table.name.to_string(),
+            column: table.columns.id.to_string(),
+        });
+    }
     let key = lock_key(table);
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
         .bind(&key)
@@ -191,6 +206,24 @@ pub async fn migrate(
         .execute(&mut *conn)
         .await;
     result
+}
+
+/// True when a valid, non-partial unique index (a primary key, a UNIQUE constraint or a
+/// unique index) has the id column as its only key column: only that guarantees no two rows
+/// share an id. A composite unique key such as (id, tenant) does not.
+async fn id_is_unique(conn: &mut PgConnection, table: &OutboxTable) -> Result<bool, MigrateError> {
+    let unique: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_index i \
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+          WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid \
+            AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL \
+            AND a.attname = $2)",
+    )
+    .bind(table.name.quoted())
+    .bind(table.columns.id.to_string())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(unique)
 }
 
 async fn run_alone(
