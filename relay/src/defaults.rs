@@ -56,8 +56,11 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
 pub const REPORT_INTERVAL: Duration = Duration::from_secs(5);
 
 pub const METRICS_PORT: u16 = 9090;
-pub const METRICS_ADDR: SocketAddr =
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), METRICS_PORT);
+/// Loopback: a relay run by hand does not expose its metrics on every interface. A pod
+/// listens on all of them because the operator's Deployment passes `0.0.0.0:9090` explicitly.
+/// When this default port is taken (a second relay on the host, the scaling model), the relay
+/// takes a free port instead and logs it; an explicit address that is taken is an error.
+pub const METRICS_ADDR: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), METRICS_PORT);
 
 /// Counting the backlog stops here; a report at the cap says "at least this many".
 pub const BACKLOG_CAP: i64 = 1_000_000;

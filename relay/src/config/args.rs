@@ -178,7 +178,9 @@ pub struct RunArgs {
     /// Wake idle workers with LISTEN on the channel the `migrate --notify` trigger signals.
     #[arg(long, env = "OUTBOX_RELAY_LISTEN")]
     pub listen: Option<bool>,
-    /// Address of the /metrics, /healthz and /readyz server. Default: 0.0.0.0:9090.
+    /// Address of the /metrics, /healthz and /readyz server. When the default port is taken
+    /// the relay takes a free one and logs it; a given address that is taken is an error. In a
+    /// pod the operator passes 0.0.0.0:9090. Default: 127.0.0.1:9090.
     #[arg(long, env = "OUTBOX_RELAY_METRICS_ADDR", value_name = "HOST:PORT")]
     pub metrics_addr: Option<SocketAddr>,
     /// text or json. Default: text.

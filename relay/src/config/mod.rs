@@ -48,6 +48,9 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     pub listen: bool,
     pub metrics_addr: SocketAddr,
+    /// True when `metrics_addr` is the default rather than the user's choice: only then may
+    /// the relay move to a free port when it is taken.
+    pub metrics_addr_is_default: bool,
     pub log_format: LogFormat,
     pub shutdown_grace: Duration,
     pub report_interval: Duration,
@@ -270,6 +273,7 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
         listen: layer(&args.listen, &file.listen).unwrap_or(defaults::LISTEN),
         metrics_addr: layer(&args.metrics_addr, &file.metrics_addr)
             .unwrap_or(defaults::METRICS_ADDR),
+        metrics_addr_is_default: layer(&args.metrics_addr, &file.metrics_addr).is_none(),
         log_format: layer(&args.log_format, &file.log_format).unwrap_or_default(),
         shutdown_grace: duration("shutdown-grace", args.shutdown_grace, &file.shutdown_grace)?
             .unwrap_or(defaults::SHUTDOWN_GRACE),

@@ -47,13 +47,34 @@ fn up(connected: bool) -> &'static str {
     }
 }
 
+/// Binds `addr`. Competing relays on one host are the relay's scaling model, so when the
+/// *default* port is taken the relay takes a free port on the same interface and says so; an
+/// address the user gave is kept to, and a taken one is an error they must fix.
+pub async fn bind(addr: SocketAddr, is_default: bool) -> std::io::Result<TcpListener> {
+    match TcpListener::bind(addr).await {
+        Err(e) if is_default && e.kind() == std::io::ErrorKind::AddrInUse => {
+            let listener = TcpListener::bind(SocketAddr::new(addr.ip(), 0)).await?;
+            tracing::warn!(
+                taken = %addr,
+                addr = %listener.local_addr()?,
+                "the default metrics port {} is taken (another relay on this host?); serving on port {} instead; pass --metrics-addr to choose",
+                addr.port(),
+                listener.local_addr()?.port()
+            );
+            Ok(listener)
+        }
+        other => other,
+    }
+}
+
 /// Binds the address now (so a taken port is reported at start) and serves until shutdown.
 pub async fn serve(
     addr: SocketAddr,
+    is_default: bool,
     metrics: Metrics,
     shutdown: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = bind(addr, is_default).await?;
     // The actual port matters when the configured one is 0 (tests, several relays on a host).
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
     Ok(tokio::spawn(async move {
@@ -61,4 +82,29 @@ pub async fn serve(
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
     }))
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::*;
+
+    #[test]
+    fn the_default_listens_on_loopback_only() {
+        assert!(crate::defaults::METRICS_ADDR.ip().is_loopback());
+        assert_eq!(
+            crate::defaults::METRICS_ADDR.port(),
+            crate::defaults::METRICS_PORT
+        );
+    }
+
+    #[tokio::test]
+    async fn a_taken_default_moves_to_a_free_port_but_a_given_address_does_not() {
+        let holder = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let taken = holder.local_addr().unwrap();
+        let moved = bind(taken, true).await.unwrap().local_addr().unwrap();
+        assert_eq!(moved.ip(), taken.ip());
+        assert_ne!(moved.port(), taken.port());
+        let refused = bind(taken, false).await.unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::AddrInUse);
+    }
 }

@@ -91,12 +91,17 @@ pub async fn run(
         );
     }
     let http_stop = CancellationToken::new();
-    let http = crate::runtime::http::serve(config.metrics_addr, metrics.clone(), http_stop.clone())
-        .await
-        .map_err(|source| RunError::Bind {
-            addr: config.metrics_addr,
-            source,
-        })?;
+    let http = crate::runtime::http::serve(
+        config.metrics_addr,
+        config.metrics_addr_is_default,
+        metrics.clone(),
+        http_stop.clone(),
+    )
+    .await
+    .map_err(|source| RunError::Bind {
+        addr: config.metrics_addr,
+        source,
+    })?;
 
     let Some(shape) = inspect_with_retry(&config, &shutdown).await? else {
         http_stop.cancel();
