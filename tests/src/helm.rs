@@ -19,17 +19,7 @@ pub fn tools_dir() -> anyhow::Result<PathBuf> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/helm-tools.sh");
-        let output = Command::new(&script)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("run {}: {e}", script.display()))?;
-        if !output.status.success() {
-            return Err(format!("{} could not fetch helm", script.display()));
-        }
-        Ok(PathBuf::from(
-            String::from_utf8_lossy(&output.stdout).trim(),
-        ))
+        crate::process::path_printed_by(&script, "helm could not be fetched")
     })
     .clone()
     .map_err(anyhow::Error::msg)

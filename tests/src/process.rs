@@ -33,6 +33,23 @@ pub fn binary(name: &str) -> PathBuf {
 /// its operator and pods next to its other files).
 pub const LOG_DIR_ENV: &str = "OUTBOX_TEST_LOG_DIR";
 
+/// Runs a setup script that prints a path on stdout (its progress goes to our stderr), as
+/// `tests/control-plane/build.sh` and `scripts/helm-tools.sh` do; `failure` says what a
+/// failing script means for the tests.
+pub fn path_printed_by(script: &std::path::Path, failure: &str) -> Result<PathBuf, String> {
+    let output = std::process::Command::new(script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("run {}: {e}", script.display()))?;
+    if !output.status.success() {
+        return Err(format!("{} failed: {failure}", script.display()));
+    }
+    Ok(PathBuf::from(
+        String::from_utf8_lossy(&output.stdout).trim(),
+    ))
+}
+
 /// Where a process's stderr goes, so a failing test can show the relay's own words:
 /// `target/<profile>/test-logs/`, or the folder [`LOG_DIR_ENV`] names.
 pub fn log_path(name: &str) -> PathBuf {

@@ -427,20 +427,7 @@ fn binaries() -> anyhow::Result<PathBuf> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BIN.get_or_init(|| {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("control-plane/build.sh");
-        let output = Command::new(&script)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("run {}: {e}", script.display()))?;
-        if !output.status.success() {
-            return Err(format!(
-                "{} failed: the control plane could not be built",
-                script.display()
-            ));
-        }
-        Ok(PathBuf::from(
-            String::from_utf8_lossy(&output.stdout).trim().to_string(),
-        ))
+        crate::process::path_printed_by(&script, "the control plane could not be built")
     })
     .clone()
     .map_err(anyhow::Error::msg)
