@@ -1,38 +1,22 @@
 //! The outbox relay operator: the `OutboxRelay` custom resource, its reconciler and the
-//! process around it (metrics, health, leader election).
+//! process around it.
 //!
-//! One module per concern: the resource ([`crd`], [`crdgen`]), the reconcile steps
-//! ([`secrets`], [`validation`], [`migration`], [`deployment`], [`status`]), their
-//! composition ([`controller`]), and the process ([`metrics`], [`telemetry`], [`leader`],
-//! [`server`]).
+//! Three folders, importing one way (runtime → reconcile → crd):
+//! - [`crd`]: the resource, its defaults and the generated CustomResourceDefinition;
+//! - [`reconcile`]: the pipeline that turns one OutboxRelay into a migrated table, a Deployment
+//!   and a status, one module per step;
+//! - [`runtime`]: the process — the controller's watches, leader election, the health and
+//!   metrics server, logging.
+//!
+//! [`metrics`] sits beside them: the reconciler counts into it and the server exposes it.
 
-pub mod autoscaler;
-pub mod conditions;
-pub mod controller;
 pub mod crd;
-pub mod crdgen;
-pub mod deployment;
-pub mod error;
-pub mod events;
-pub mod lag;
-pub mod leader;
 pub mod metrics;
-pub mod migration;
-pub mod run;
-pub mod scaling;
-pub mod secrets;
-pub mod server;
-pub mod status;
-pub mod telemetry;
-pub mod validation;
+pub mod reconcile;
+pub mod runtime;
 
-pub use controller::{Context, Settings, error_policy, reconcile};
 pub use crd::{OutboxRelay, OutboxRelaySpec, OutboxRelayStatus};
-pub use error::Error;
+pub use reconcile::{Context, Error, Settings, error_policy, reconcile};
 
-#[cfg(test)]
-mod fixtures;
-#[cfg(test)]
-mod reconcile_tests;
 #[cfg(test)]
 mod test_support;

@@ -4,10 +4,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, Subcommand};
-use outbox_operator::controller::Settings;
-use outbox_operator::deployment::BuildSettings;
-use outbox_operator::run::{RunOptions, run};
-use outbox_operator::telemetry::{self, LogFormat};
+use outbox_operator::reconcile::Settings;
+use outbox_operator::reconcile::build::BuildSettings;
+use outbox_operator::runtime::run::{RunOptions, run};
+use outbox_operator::runtime::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
 #[command(
@@ -98,7 +98,7 @@ async fn main() -> std::process::ExitCode {
 async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Crd => {
-            print!("{}", outbox_operator::crdgen::crd_yaml());
+            print!("{}", outbox_operator::crd::crd_yaml());
             Ok(())
         }
         Command::Run(args) => {

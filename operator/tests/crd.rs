@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use kube::core::cel::Validator;
 use outbox_operator::crd::OutboxRelay;
-use outbox_operator::crdgen::crd_yaml;
-use outbox_operator::validation::validate;
+use outbox_operator::crd::crd_yaml;
+use outbox_operator::reconcile::validate::validate;
 use serde_json::Value;
 
 fn repo_root() -> PathBuf {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::crd::{PolicyType, ScalingRules, ScalingSpec, SelectPolicy};
-use crate::validation::ScalingPlan;
+use crate::reconcile::validate::ScalingPlan;
 
 /// The scaling block with its durations parsed.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,10 +11,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
-use crate::controller::{Context, Settings, run_controller};
-use crate::leader::{LeaseSettings, release, try_acquire_or_renew};
 use crate::metrics::Metrics;
-use crate::server::{ServerState, serve};
+use crate::reconcile::{Context, Settings};
+use crate::runtime::controller::run_controller;
+use crate::runtime::leader::{LeaseSettings, release, try_acquire_or_renew};
+use crate::runtime::server::{ServerState, serve};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {

@@ -11,8 +11,9 @@ use kube::client::Body;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use crate::controller::{Context, Settings};
 use crate::metrics::Metrics;
+use crate::reconcile::database::RelayDatabase;
+use crate::reconcile::{Context, Settings};
 
 pub type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -86,22 +87,17 @@ impl Step {
             Reply::ok(body.clone())
         })
     }
-
-    /// An event POST in the relay's namespace, checked for its reason.
-    pub fn event(namespace: &str, reason: &'static str) -> Self {
-        Self::write(
-            Method::POST,
-            format!("/apis/events.k8s.io/v1/namespaces/{namespace}/events"),
-            move |body| assert_eq!(body["reason"], reason, "event {body}"),
-        )
-    }
 }
 
-/// The client side of a context wired to the mock, and the server side to script.
-pub fn mock_context(settings: Settings) -> (Arc<Context>, Handle) {
+/// The client side of a context wired to the mock (and to `database`), and the server side to
+/// script.
+pub fn mock_context(
+    settings: Settings,
+    database: Arc<dyn RelayDatabase>,
+) -> (Arc<Context>, Handle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
-    let ctx = Context::new(client, Arc::new(Metrics::default()), settings);
+    let ctx = Context::with_database(client, database, Arc::new(Metrics::default()), settings);
     (Arc::new(ctx), handle)
 }
 

@@ -1,4 +1,4 @@
-//! Step 4 of the reconcile: the relay Deployment, as a pure function of the OutboxRelay, its
+//! The build step: the relay Deployment, as a pure function of the OutboxRelay, its
 //! validated plan and the replicas decided. No I/O here, so every field is unit-tested.
 //!
 //! Secrets reach the pods only as `valueFrom.secretKeyRef`; the builder receives Secret
@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
 use crate::crd::{DeliveryMode, LogFormat, OutboxRelay, SecretKeyRef};
-use crate::validation::RelayPlan;
+use crate::reconcile::validate::RelayPlan;
 
 /// Where the relay binary lives in the shared image.
 pub const RELAY_BINARY: &str = "/usr/local/bin/outbox-relay";

@@ -8,9 +8,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::*;
 use crate::crd::{ImagePullPolicy, OutboxRelaySpec};
-use crate::secrets::dereference_secrets;
+use crate::reconcile::dereference::dereference_secrets;
+use crate::reconcile::validate::validate;
 use crate::test_support::{LEAK_CANARY, sample_relay, sample_spec};
-use crate::validation::validate;
 
 fn build(spec: OutboxRelaySpec, replicas: i32) -> Deployment {
     let relay = sample_relay("orders", spec);

@@ -1,4 +1,7 @@
-//! Objects shared by the unit and request-level tests.
+//! Objects shared by the unit and request-level tests, and the scripted API server.
+
+pub mod api_server;
+pub mod database;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -52,44 +55,8 @@ pub fn spec_for_table(table: &str) -> OutboxRelaySpec {
     spec
 }
 
-/// The local PostgreSQL the tests use (trust authentication, so any password is accepted).
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-/// [`database_url`] with [`LEAK_CANARY`] as the password, so a leak of the URL is detectable.
+/// A database URL with [`LEAK_CANARY`] as its password, so a leak of the URL is detectable.
+/// The request-level tests never connect to it: their database is scripted.
 pub fn database_url_with_canary() -> String {
-    let url = database_url();
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((user, host)) if !user.contains(':') => {
-                format!("{scheme}://{user}:{LEAK_CANARY}@{host}")
-            }
-            _ => url,
-        },
-        None => url,
-    }
-}
-
-pub async fn connect() -> sqlx::PgConnection {
-    use sqlx::Connection;
-    sqlx::PgConnection::connect(&database_url())
-        .await
-        .expect("the local PostgreSQL must be running (see scripts/services.sh)")
-}
-
-/// Creates a fresh outbox table with the reference columns; its name is unique per call, so
-/// tests never share data.
-pub async fn create_outbox_table() -> String {
-    let name = format!("obr_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = connect().await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE \"{name}\" (id uuid PRIMARY KEY, type varchar(255) NOT NULL, content jsonb NOT NULL, \
-         occurred_on_utc timestamptz NOT NULL, processed_on_utc timestamptz NULL, error text NULL)"
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    name
+    format!("postgres://app:{LEAK_CANARY}@db.shop.svc:5432/orders")
 }

@@ -195,7 +195,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_race_lost_on_create_is_not_an_error() {
-        use crate::fixtures::{Reply, Step, finish, serve};
+        use crate::test_support::api_server::{Reply, Step, finish, serve};
         let (service, handle) = tower_test::mock::pair::<
             http::Request<kube::client::Body>,
             http::Response<kube::client::Body>,

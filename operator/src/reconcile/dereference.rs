@@ -1,4 +1,4 @@
-//! Step 1 of the reconcile: read the Secrets a relay refers to. The operator needs the
+//! The dereference step: read the Secrets a relay refers to. The operator needs the
 //! database URL itself (to migrate the table); the broker URL is only checked to be a usable
 //! AMQP URL so that a typo shows up as a condition instead of as crash-looping pods. The values
 //! are held as [`SecretUrl`], whose formatting never shows the password.
@@ -10,7 +10,7 @@ use kube::Api;
 use outbox_relay::secret_url::{SecretUrl, UrlKind};
 
 use crate::crd::{OutboxRelaySpec, SecretKeyRef};
-use crate::error::Error;
+use crate::reconcile::error::Error;
 
 /// The Secrets of one relay, dereferenced.
 #[derive(Debug, Clone)]

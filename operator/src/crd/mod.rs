@@ -4,6 +4,9 @@
 //! reads like a manual. Defaults live in `#[serde(default = ...)]` so that they show up in the
 //! schema (the API server fills them in) and in Rust (tests and old objects get the same values).
 
+mod generate;
+pub use generate::crd_yaml;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{

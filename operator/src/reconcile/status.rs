@@ -5,15 +5,15 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use outbox_relay::table::migrate::IndexAction;
 
-use crate::autoscaler::{Limit, Reason};
-use crate::conditions::{
+use crate::crd::OutboxRelayStatus;
+use crate::reconcile::autoscaler::{Limit, Reason};
+use crate::reconcile::conditions::{
     self, ConditionStatus, DEGRADED, INDEX_READY, NewCondition, READY, SCALING_ACTIVE,
     SCALING_LIMITED, set_condition,
 };
-use crate::crd::OutboxRelayStatus;
-use crate::error::Error;
-use crate::migration::MigrationOutcome;
-use crate::scaling::ScalingOutcome;
+use crate::reconcile::error::Error;
+use crate::reconcile::migrate::MigrationOutcome;
+use crate::reconcile::recommend::ScalingOutcome;
 
 /// What a successful pass through the pipeline saw.
 #[derive(Debug, Clone)]

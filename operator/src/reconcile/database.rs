@@ -1,0 +1,73 @@
+//! The reconciler's two database steps, behind a trait held in the [`Context`]: migrate the
+//! outbox table, and observe the lag (the pods' reports, or a count when no pod runs).
+//!
+//! The pipeline only sees these typed results; [`postgres::PostgresDatabase`] is the real one
+//! (tested against PostgreSQL in `operator/tests/`), and the request-level tests script their
+//! own, so a reconcile test needs no database.
+//!
+//! [`Context`]: crate::reconcile::Context
+
+pub mod postgres;
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::table::migrate::MigrationReport;
+
+use crate::reconcile::error::Error;
+use crate::reconcile::validate::RelayPlan;
+
+/// What the database steps of one reconcile can do.
+pub trait RelayDatabase: Send + Sync {
+    /// Applies the outbox migration of `plan` (idempotent: a valid index is left alone).
+    fn migrate<'a>(
+        &'a self,
+        url: &'a SecretUrl,
+        plan: &'a RelayPlan,
+    ) -> BoxFuture<'a, Result<MigrationRun, Error>>;
+
+    /// The relay's lag as its pods reported it, or as counted now when none runs.
+    fn observe_lag<'a>(
+        &'a self,
+        url: &'a SecretUrl,
+        plan: &'a RelayPlan,
+        query: LagQuery,
+    ) -> BoxFuture<'a, Result<LagObservation, Error>>;
+}
+
+/// The outcome of one migration attempt that reached the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MigrationRun {
+    Migrated(MigrationReport),
+    /// Another session holds the migration lock (another operator replica, or `outbox-relay
+    /// migrate`); nothing was done.
+    LockBusy,
+}
+
+/// Whose lag to observe, and how old a report may be to still count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LagQuery {
+    /// `namespace/name`, the key the pods report under.
+    pub relay_name: String,
+    /// Pods the Deployment runs; at 0 nobody reports, so the backlog is counted instead.
+    pub running: i32,
+    /// A pod that stopped reporting longer ago no longer speaks for the relay.
+    pub stale_after: Duration,
+}
+
+/// What the operator knows about the relay's lag this round.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LagObservation {
+    /// Pending rows, if a fresh measurement exists.
+    pub backlog: Option<i64>,
+    pub backlog_capped: bool,
+    /// Age of that measurement.
+    pub backlog_age: Option<Duration>,
+    pub oldest_age_seconds: Option<f64>,
+    /// Messages per second, summed over the pods that reported.
+    pub publish_rate: f64,
+    pub reporting_pods: usize,
+    /// True when the operator counted the rows itself (no pod was running).
+    pub measured_by_operator: bool,
+}

@@ -1,0 +1,227 @@
+//! The database steps on a real PostgreSQL, with the relay crate's own functions: the same
+//! migration as `outbox-relay migrate`, the same report table and capped count as the pods.
+//!
+//! One short connection per step: the operator reconciles many relays on many databases, and
+//! an idle pool per relay would hold connections their owners budgeted for the application.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use outbox_relay::defaults::BACKLOG_CAP;
+use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::table::inspect::{InspectError, inspect};
+use outbox_relay::table::migrate::{MigrateError, migrate};
+use outbox_relay::table::reports::{measure_backlog, read_reports, summarize};
+use outbox_relay::table::sql::Statements;
+use sqlx::Connection;
+use sqlx::postgres::PgConnection;
+
+use crate::reconcile::database::{LagObservation, LagQuery, MigrationRun, RelayDatabase};
+use crate::reconcile::error::Error;
+use crate::reconcile::validate::RelayPlan;
+
+/// A connection attempt longer than this is an outage, not a slow network; the reconciler must
+/// not sit on it.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The production [`RelayDatabase`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PostgresDatabase;
+
+impl RelayDatabase for PostgresDatabase {
+    fn migrate<'a>(
+        &'a self,
+        url: &'a SecretUrl,
+        plan: &'a RelayPlan,
+    ) -> BoxFuture<'a, Result<MigrationRun, Error>> {
+        migrate_table(url, plan).boxed()
+    }
+
+    fn observe_lag<'a>(
+        &'a self,
+        url: &'a SecretUrl,
+        plan: &'a RelayPlan,
+        query: LagQuery,
+    ) -> BoxFuture<'a, Result<LagObservation, Error>> {
+        observe_lag(url, plan, query).boxed()
+    }
+}
+
+async fn migrate_table(database_url: &SecretUrl, plan: &RelayPlan) -> Result<MigrationRun, Error> {
+    let mut conn = connect(database_url).await?;
+    let result = migrate(&mut conn, &plan.table, &plan.migration).await;
+    // Closing politely is a courtesy; the migration's outcome is what matters.
+    let _ = conn.close().await;
+    match result {
+        Ok(report) => Ok(MigrationRun::Migrated(report)),
+        Err(MigrateError::LockBusy) => Ok(MigrationRun::LockBusy),
+        Err(MigrateError::Table(InspectError::Database(e))) | Err(MigrateError::Database(e))
+            if is_connection_error(&e) =>
+        {
+            Err(Error::DatabaseUnreachable(redact(
+                &e.to_string(),
+                database_url,
+            )))
+        }
+        Err(e @ MigrateError::IdNotUnique { .. }) => Err(Error::IdNotUnique(redact(
+            &describe_for_spec(&e),
+            database_url,
+        ))),
+        Err(other) => Err(Error::MigrationFailed(redact(
+            &describe_for_spec(&other),
+            database_url,
+        ))),
+    }
+}
+
+/// Reads the reports (or measures, when nothing runs). Reports older than the query's
+/// `stale_after` do not count.
+async fn observe_lag(
+    database_url: &SecretUrl,
+    plan: &RelayPlan,
+    query: LagQuery,
+) -> Result<LagObservation, Error> {
+    let mut conn = connect(database_url).await?;
+    let result = if query.running == 0 {
+        measure(&mut conn, plan).await
+    } else {
+        read(&mut conn, plan, &query).await
+    };
+    let _ = conn.close().await;
+    result.map_err(|message| Error::ObserveLag(redact(&message, database_url)))
+}
+
+/// At zero pods nobody reports, so the operator counts the backlog itself, with the relay
+/// crate's own capped count, so scale-from-zero can happen at all.
+async fn measure(conn: &mut PgConnection, plan: &RelayPlan) -> Result<LagObservation, String> {
+    let shape = inspect(conn, &plan.table)
+        .await
+        .map_err(|e| e.to_string())?;
+    let statements = Statements::for_shape(&plan.table, &shape);
+    let backlog = measure_backlog(conn, &statements, BACKLOG_CAP)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(LagObservation {
+        backlog: Some(backlog.pending),
+        backlog_capped: backlog.capped,
+        backlog_age: Some(Duration::ZERO),
+        oldest_age_seconds: backlog.oldest_age_seconds,
+        measured_by_operator: true,
+        ..Default::default()
+    })
+}
+
+/// While pods run, one of them measures the backlog and each reports its rate.
+async fn read(
+    conn: &mut PgConnection,
+    plan: &RelayPlan,
+    query: &LagQuery,
+) -> Result<LagObservation, String> {
+    let reports = read_reports(
+        conn,
+        &plan.table.reports_table(),
+        &query.relay_name,
+        query.stale_after.as_secs_f64(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let lag = summarize(&reports);
+    let now = Utc::now();
+    let measured_at = reports
+        .iter()
+        .filter(|r| r.backlog.is_some())
+        .map(|r| r.reported_at)
+        .max();
+    Ok(LagObservation {
+        backlog: lag.backlog.map(|b| b.pending),
+        backlog_capped: lag.backlog.is_some_and(|b| b.capped),
+        backlog_age: measured_at.map(|at| (now - at).to_std().unwrap_or_default()),
+        oldest_age_seconds: lag.backlog.and_then(|b| b.oldest_age_seconds),
+        publish_rate: lag.publish_rate,
+        reporting_pods: lag.reporting_pods,
+        measured_by_operator: false,
+    })
+}
+
+async fn connect(database_url: &SecretUrl) -> Result<PgConnection, Error> {
+    let attempt = PgConnection::connect(database_url.expose());
+    match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(Error::DatabaseUnreachable(format!(
+            "{} ({})",
+            redact(&e.to_string(), database_url),
+            database_url.redacted()
+        ))),
+        Err(_) => Err(Error::DatabaseUnreachable(format!(
+            "no answer within {}s ({})",
+            CONNECT_TIMEOUT.as_secs(),
+            database_url.redacted()
+        ))),
+    }
+}
+
+fn is_connection_error(e: &sqlx::Error) -> bool {
+    matches!(
+        e,
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut
+    )
+}
+
+/// The relay's messages name its command-line options (`--table`, `--payload-column`); on an
+/// OutboxRelay the user edits spec fields, so name those instead.
+fn describe_for_spec(error: &MigrateError) -> String {
+    let text = error.to_string();
+    [
+        ("--table", "spec.database.table"),
+        ("--id-column", "spec.database.columns.id"),
+        ("--type-column", "spec.database.columns.type"),
+        ("--payload-column", "spec.database.columns.payload"),
+        ("--occurred-at-column", "spec.database.columns.occurredAt"),
+        ("--processed-at-column", "spec.database.columns.processedAt"),
+        ("--error-column", "spec.database.columns.error"),
+        ("--routing-key-column", "spec.database.columns.routingKey"),
+        ("--headers-column", "spec.database.columns.headers"),
+        ("--attempts-column", "spec.database.columns.attempts"),
+    ]
+    .iter()
+    .fold(text, |text, (flag, field)| text.replace(flag, field))
+}
+
+/// Driver messages do not include the password, but a message that quotes a connection string
+/// would; never let one through.
+fn redact(message: &str, url: &SecretUrl) -> String {
+    let mut text = message.replace(url.expose(), url.redacted());
+    if let Some(password) = url.password().filter(|p| !p.is_empty()) {
+        text = text.replace(&password, "***");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_relay::secret_url::UrlKind;
+
+    #[test]
+    fn redaction_removes_url_and_password() {
+        let url =
+            SecretUrl::parse("postgres://app:Tr0ub4dor@db:5432/x", UrlKind::Postgres).unwrap();
+        let text = redact(
+            "failed for postgres://app:Tr0ub4dor@db:5432/x; password Tr0ub4dor rejected",
+            &url,
+        );
+        assert!(!text.contains("Tr0ub4dor"), "{text}");
+        assert!(text.contains("db:5432"), "{text}");
+    }
+
+    #[test]
+    fn relay_option_names_become_spec_fields() {
+        let error = MigrateError::Table(InspectError::TableMissing("orders".into()));
+        assert_eq!(
+            describe_for_spec(&error),
+            "invalid spec.database.table: table orders does not exist; create it or fix the name"
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! Runs the steps of one reconcile in order (see the table in [`crate::reconcile`]):
+//!
+//! dereference → validate → migrate (once per generation) → observe → recommend → build (pure)
+//! → apply (only when it changed) → status (only when it changed) → requeue.
+//!
+//! A failure the user can act on (missing Secret, bad spec, unreachable database) becomes
+//! Ready=False and Degraded=True with the error's reason, a Warning event, and a retry with
+//! per-relay exponential backoff. Nothing a user writes can panic the operator.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+
+use crate::crd::OutboxRelay;
+use crate::reconcile::apply::{apply_deployment, write_status};
+use crate::reconcile::build::{build_deployment, report_name, selector_string};
+use crate::reconcile::context::Context;
+use crate::reconcile::dereference::dereference_secrets;
+use crate::reconcile::error::Error;
+use crate::reconcile::events::{self, announce_migration, announce_scaling};
+use crate::reconcile::migrate::{MigrationKey, MigrationOutcome, migrate_once};
+use crate::reconcile::observe::observe;
+use crate::reconcile::recommend::recommend_replicas;
+use crate::reconcile::status::{Observation, failed_status, healthy_status};
+use crate::reconcile::validate::validate;
+
+/// base × 2^(failures−1), capped.
+pub fn backoff_delay(failures: u32, base: Duration, max: Duration) -> Duration {
+    let exponent = failures.saturating_sub(1).min(16);
+    base.saturating_mul(1u32 << exponent).min(max)
+}
+
+/// Reconciles one OutboxRelay.
+#[tracing::instrument(skip_all, fields(relay = %report_name(&relay)))]
+pub async fn reconcile(relay: Arc<OutboxRelay>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let relay_name = report_name(&relay);
+    let _timer = ctx.metrics.reconcile_started(&relay_name);
+    match run_pipeline(&relay, &ctx).await {
+        Ok(action) => {
+            ctx.failures.forget(&relay_name);
+            Ok(action)
+        }
+        Err(error) => {
+            ctx.metrics
+                .reconcile_failed(&relay_name, error.metric_label());
+            report_failure(&relay, &ctx, &error).await;
+            Err(error)
+        }
+    }
+}
+
+/// What the controller does after a failed reconcile: retry with backoff per relay.
+pub fn error_policy(relay: Arc<OutboxRelay>, error: &Error, ctx: Arc<Context>) -> Action {
+    let relay_name = report_name(&relay);
+    let failures = ctx
+        .failures
+        .update(&relay_name, |count| count.unwrap_or(0).saturating_add(1));
+    let delay = backoff_delay(
+        failures,
+        ctx.settings.base_backoff,
+        ctx.settings.max_backoff,
+    );
+    tracing::warn!(relay = %relay_name, %error, failures, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Error> {
+    let namespace = relay.namespace().ok_or(Error::MissingNamespace)?;
+    let name = relay.name_any();
+    let relay_name = report_name(relay);
+    let generation = relay.metadata.generation;
+
+    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secrets = dereference_secrets(&secrets_api, &relay.spec).await?;
+
+    let plan = validate(&relay.spec).map_err(Error::InvalidSpec)?;
+
+    let key = MigrationKey {
+        relay_uid: relay.uid().unwrap_or_else(|| relay_name.clone()),
+        generation: generation.unwrap_or(0),
+        secrets_fingerprint: secrets.fingerprint(),
+    };
+    let database = ctx.database.as_ref();
+    let migration =
+        migrate_once(&ctx.migrations, database, key, &secrets.database_url, &plan).await?;
+    announce_migration(&ctx.recorder, relay, &migration).await;
+
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    let observed = observe(
+        &deployments,
+        &name,
+        database,
+        &secrets.database_url,
+        &plan,
+        &relay_name,
+    )
+    .await?;
+
+    let history = ctx.scaling.get(&relay_name);
+    let (scale, history) =
+        recommend_replicas(&relay.spec, &plan, &observed, history, chrono::Utc::now());
+    if let Some(history) = history {
+        ctx.scaling.put(&relay_name, history);
+    }
+
+    let desired = build_deployment(
+        relay,
+        &plan,
+        &secrets.fingerprint(),
+        scale.replicas,
+        &ctx.settings.build,
+    );
+    let existed = observed.live.is_some();
+    let applied = apply_deployment(ctx, relay, &deployments, observed.live, &desired).await?;
+    if existed {
+        announce_scaling(&ctx.recorder, relay, &scale).await;
+    }
+
+    let observation = Observation {
+        generation,
+        table: plan.table.name.to_string(),
+        migration: &migration,
+        deployment: &applied,
+        desired_replicas: scale.replicas,
+        selector: selector_string(relay),
+        scaling: &scale,
+    };
+    let status = healthy_status(relay.status.as_ref(), &observation, Timestamp::now());
+    write_status(ctx, relay, &status).await?;
+
+    Ok(match (&migration, &plan.scaling) {
+        (MigrationOutcome::LockBusy, _) => Action::requeue(ctx.settings.lock_busy_retry),
+        (_, Some(scaling)) => Action::requeue(scaling.polling_interval),
+        (_, None) => Action::requeue(ctx.settings.resync_after),
+    })
+}
+
+/// Turns a user-facing failure into conditions and a Warning event. API-server trouble is
+/// only logged (by the error policy): writing about it would most likely fail as well.
+async fn report_failure(relay: &OutboxRelay, ctx: &Context, error: &Error) {
+    let Some(reason) = error.user_facing_reason() else {
+        return;
+    };
+    let status = failed_status(
+        relay.status.as_ref(),
+        relay.metadata.generation,
+        reason,
+        error,
+        Timestamp::now(),
+    );
+    if let Err(write_error) = write_status(ctx, relay, &status).await {
+        tracing::warn!(error = %write_error, "could not write the failure status");
+    }
+    events::publish(
+        &ctx.recorder,
+        relay,
+        EventType::Warning,
+        reason,
+        "Reconcile",
+        error.to_string(),
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let base = Duration::from_secs(5);
+        let max = Duration::from_secs(300);
+        let delays: Vec<u64> = (1..=9)
+            .map(|n| backoff_delay(n, base, max).as_secs())
+            .collect();
+        assert_eq!(delays, vec![5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(backoff_delay(u32::MAX, base, max), max);
+    }
+}

@@ -1,0 +1,101 @@
+//! Events (events.k8s.io) on OutboxRelay objects. Publishing is best effort: an event that
+//! cannot be written is logged, never a reason to fail the reconcile.
+
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder};
+use outbox_relay::table::migrate::{AUTOVACUUM_OFF_WARNING, IndexAction};
+
+use crate::crd::OutboxRelay;
+use crate::reconcile::migrate::MigrationOutcome;
+use crate::reconcile::recommend::ScalingOutcome;
+
+/// Event reasons, as `kubectl describe obr` shows them.
+pub mod reasons {
+    pub const INDEX_CREATED: &str = "IndexCreated";
+    pub const INVALID_INDEX_REBUILT: &str = "InvalidIndexRebuilt";
+    pub const AUTOVACUUM_OFF: &str = "AutovacuumOff";
+    pub const DEPLOYMENT_CREATED: &str = "DeploymentCreated";
+    pub const DEPLOYMENT_UPDATED: &str = "DeploymentUpdated";
+    pub const SCALED_UP: &str = "ScaledUp";
+    pub const SCALED_DOWN: &str = "ScaledDown";
+}
+
+/// Publishes one event about `relay`.
+pub async fn publish(
+    recorder: &Recorder,
+    relay: &OutboxRelay,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        // The API server refuses notes above 1 kB.
+        note: Some(truncate(note, 1000)),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, &relay.object_ref(&())).await {
+        tracing::warn!(%error, reason, "could not publish event");
+    }
+}
+
+/// ScaledUp / ScaledDown events, with the numbers that led there. Manual changes are announced
+/// as DeploymentUpdated; these events are the autoscaler's.
+pub async fn announce_scaling(recorder: &Recorder, relay: &OutboxRelay, scale: &ScalingOutcome) {
+    let (Some(recommendation), Some(observation)) = (&scale.recommendation, &scale.observation)
+    else {
+        return;
+    };
+    if !scale.changed() {
+        return;
+    }
+    let (reason, direction) = if scale.replicas > scale.previous {
+        (reasons::SCALED_UP, "up")
+    } else {
+        (reasons::SCALED_DOWN, "down")
+    };
+    let why = recommendation.message(observation);
+    let note = format!(
+        "scaled {direction} from {} to {} replicas: {why}",
+        scale.previous, scale.replicas
+    );
+    publish(recorder, relay, EventType::Normal, reason, "Scale", note).await;
+}
+
+/// What a migration that ran did to the index, and a warning when nothing vacuums the table.
+pub async fn announce_migration(
+    recorder: &Recorder,
+    relay: &OutboxRelay,
+    migration: &MigrationOutcome,
+) {
+    let MigrationOutcome::Migrated(report) = migration else {
+        return;
+    };
+    if report.server_autovacuum_off {
+        let note = AUTOVACUUM_OFF_WARNING.to_string();
+        let reason = reasons::AUTOVACUUM_OFF;
+        publish(recorder, relay, EventType::Warning, reason, "Migrate", note).await;
+    }
+    let (type_, reason) = match report.index {
+        IndexAction::Created => (EventType::Normal, reasons::INDEX_CREATED),
+        // Good news about bad news: the earlier build failed; say so loudly.
+        IndexAction::RebuiltInvalid => (EventType::Warning, reasons::INVALID_INDEX_REBUILT),
+        IndexAction::AlreadyValid => return,
+    };
+    let note = report.lines().join("; ");
+    publish(recorder, relay, type_, reason, "Migrate", note).await;
+}
+
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}

@@ -1,0 +1,42 @@
+//! The reconcile pipeline: one module per step, each marked by what it touches.
+//!
+//! | step | module | touches |
+//! |---|---|---|
+//! | dereference the Secrets | [`dereference`] | API server |
+//! | validate the spec into a plan | [`validate`] | pure |
+//! | migrate the table, once per generation | [`migrate`] | database |
+//! | observe the Deployment and the lag | [`observe`] | API server, database |
+//! | recommend the replicas | [`recommend`] ([`autoscaler`]) | pure |
+//! | build the Deployment | [`build`] | pure |
+//! | apply it, when it changed | [`apply`] | API server |
+//! | compute and write the status | [`status`] ([`conditions`]), [`apply`] | pure, API server |
+//!
+//! [`driver`] runs the steps in that order. The replicas are recommended before the build, so
+//! a scale and a template change are one write, not two. The database steps go through the
+//! [`database::RelayDatabase`] trait in the [`Context`]: PostgreSQL in production, a scripted
+//! stand-in in the request-level tests here (the PostgreSQL side is tested against a real
+//! server in `operator/tests/`).
+
+pub mod apply;
+pub mod autoscaler;
+pub mod build;
+pub mod conditions;
+pub mod context;
+pub mod database;
+pub mod dereference;
+pub mod driver;
+pub mod error;
+pub mod events;
+pub mod memory;
+pub mod migrate;
+pub mod observe;
+pub mod recommend;
+pub mod status;
+pub mod validate;
+
+pub use context::{Context, Settings};
+pub use driver::{error_policy, reconcile};
+pub use error::Error;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,90 @@
+//! The recommend step, pure: the replicas for this round from what was observed.
+//!
+//! In manual mode `spec.replicas` decides. With `spec.scaling` the [`autoscaler`] decides,
+//! with the history this process remembers per relay (like the HPA controller, it starts
+//! afresh after a restart).
+//!
+//! [`autoscaler`]: crate::reconcile::autoscaler
+
+use chrono::{DateTime, Utc};
+
+use crate::crd::OutboxRelaySpec;
+use crate::reconcile::autoscaler::{
+    Observation, Recommendation, ScalingConfig, ScalingHistory, recommend,
+};
+use crate::reconcile::database::LagObservation;
+use crate::reconcile::memory::RelayMemory;
+use crate::reconcile::observe::Observed;
+use crate::reconcile::validate::RelayPlan;
+
+/// The autoscaler's histories of this process, per relay.
+pub type ScalingMemory = RelayMemory<ScalingHistory>;
+
+/// What the recommend step decided and saw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScalingOutcome {
+    pub replicas: i32,
+    /// Replicas the Deployment asked for before this round (0 when it does not exist).
+    pub previous: i32,
+    pub lag: Option<LagObservation>,
+    /// Why the lag could not be observed (already redacted).
+    pub lag_problem: Option<String>,
+    /// `None` in manual mode.
+    pub recommendation: Option<Recommendation>,
+    /// The autoscaler's observation, for messages.
+    pub observation: Option<Observation>,
+    pub last_scale_time: Option<DateTime<Utc>>,
+}
+
+impl ScalingOutcome {
+    pub fn changed(&self) -> bool {
+        self.replicas != self.previous
+    }
+}
+
+/// The replicas for this round, and the history to remember (`None` in manual mode).
+pub fn recommend_replicas(
+    spec: &OutboxRelaySpec,
+    plan: &RelayPlan,
+    observed: &Observed,
+    history: Option<ScalingHistory>,
+    now: DateTime<Utc>,
+) -> (ScalingOutcome, Option<ScalingHistory>) {
+    let previous = observed.previous_replicas;
+    let (lag, lag_problem) = match &observed.lag {
+        Ok(lag) => (Some(lag.clone()), None),
+        Err(problem) => (None, Some(problem.clone())),
+    };
+    let (Some(scaling), Some(scaling_plan)) = (&spec.scaling, &plan.scaling) else {
+        let outcome = ScalingOutcome {
+            replicas: spec.replicas.max(0),
+            previous,
+            lag,
+            lag_problem,
+            recommendation: None,
+            observation: None,
+            last_scale_time: None,
+        };
+        return (outcome, None);
+    };
+    let config = ScalingConfig::new(scaling, scaling_plan);
+    let observation = Observation {
+        current_replicas: previous,
+        backlog: lag.as_ref().and_then(|l| l.backlog),
+        backlog_age: lag.as_ref().and_then(|l| l.backlog_age),
+        publish_rate: lag.as_ref().map_or(0.0, |l| l.publish_rate),
+        reporting_pods: lag.as_ref().map_or(0, |l| l.reporting_pods),
+    };
+    let (recommendation, history) =
+        recommend(&history.unwrap_or_default(), now, &observation, &config);
+    let outcome = ScalingOutcome {
+        replicas: recommendation.replicas,
+        previous,
+        lag,
+        lag_problem,
+        recommendation: Some(recommendation),
+        observation: Some(observation),
+        last_scale_time: history.last_scale_time,
+    };
+    (outcome, Some(history))
+}

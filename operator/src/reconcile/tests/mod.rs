@@ -1,0 +1,7 @@
+//! Request-level tests of the whole pipeline: a scripted API server and a scripted database,
+//! assembled per test by [`scenario::Scenario`].
+
+mod failures;
+mod lifecycle;
+mod scaling;
+mod scenario;

@@ -1,0 +1,151 @@
+//! The autoscaler through the pipeline: what the database says about the lag becomes replicas,
+//! an event and the scaling conditions.
+
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use serde_json::json;
+
+use super::scenario::{Scenario, assert_conditions, live_deployment, message, orders_relay};
+use crate::crd::OutboxRelay;
+use crate::reconcile::database::{LagObservation, LagQuery};
+use crate::test_support::database::{DatabaseCall, nothing_reported};
+
+/// A relay with a scaling block.
+fn scaling_relay(min: i32, max: i32, target: i64) -> OutboxRelay {
+    let mut relay = orders_relay("outbox_messages");
+    let scaling =
+        json!({"minReplicas": min, "maxReplicas": max, "targetBacklogPerReplica": target});
+    relay.spec.scaling = Some(serde_json::from_value(scaling).unwrap());
+    relay
+}
+
+fn lag_queries(calls: &[DatabaseCall]) -> Vec<&LagQuery> {
+    let queries = calls.iter().filter_map(|call| match call {
+        DatabaseCall::ObserveLag(query) => Some(query),
+        DatabaseCall::Migrate(_) => None,
+    });
+    queries.collect()
+}
+
+#[tokio::test]
+async fn reported_backlog_scales_up_within_the_rate_policy_with_an_event() {
+    let relay = scaling_relay(1, 10, 1000);
+    let live = live_deployment(&relay, 1);
+    let outcome = Scenario::new(relay)
+        .migrated_before()
+        .database(|db| {
+            // Two pods reported: one measured 9,000 pending rows; they publish 120 and 80/s.
+            db.lag(|_| {
+                Ok(LagObservation {
+                    backlog: Some(9_000),
+                    backlog_age: Some(Duration::from_secs(2)),
+                    publish_rate: 200.0,
+                    reporting_pods: 2,
+                    ..Default::default()
+                })
+            })
+        })
+        .reads_secrets()
+        .finds_deployment(live)
+        // 9 asked for; from 1 pod the default policies allow max(+100 %, +4) = 5.
+        .applies_deployment(2, 1, |body| assert_eq!(body["spec"]["replicas"], 5))
+        .event("DeploymentUpdated")
+        .event_checked("ScaledUp", |body| {
+            let note = body["note"].as_str().unwrap_or_default();
+            assert!(
+                note.contains("from 1 to 5 replicas: backlog 9000 asks for 9"),
+                "{note}"
+            );
+        })
+        .writes_status(|status| {
+            assert_eq!(status.desired_replicas, Some(5));
+            assert_eq!(status.backlog, Some(9_000));
+            assert_eq!(status.publish_rate, Some(200.0));
+            assert!(status.last_scale_time.is_some());
+            assert_conditions(
+                status,
+                &[
+                    ("ScalingActive", "True", "ValidBacklog"),
+                    ("ScalingLimited", "True", "ScaleUpLimit"),
+                ],
+            );
+        })
+        .run()
+        .await;
+    assert_eq!(outcome.action(), &Action::requeue(Duration::from_secs(15)));
+    let queries = lag_queries(&outcome.database);
+    assert_eq!(queries.len(), 1);
+    assert_eq!(queries[0].relay_name, "shop/orders");
+    assert_eq!(queries[0].running, 1);
+}
+
+#[tokio::test]
+async fn at_zero_pods_the_operator_measures_and_wakes_the_relay() {
+    let relay = scaling_relay(0, 4, 1000);
+    let live = live_deployment(&relay, 0);
+    let outcome = Scenario::new(relay)
+        .migrated_before()
+        .database(|db| {
+            db.lag(|query| {
+                Ok(LagObservation {
+                    backlog: Some(30),
+                    ..nothing_reported(query)
+                })
+            })
+        })
+        .reads_secrets()
+        .finds_deployment(live)
+        .applies_deployment(2, 0, |body| assert_eq!(body["spec"]["replicas"], 1))
+        .event("DeploymentUpdated")
+        .event_checked("ScaledUp", |body| {
+            let note = body["note"].as_str().unwrap_or_default();
+            assert!(note.contains("from 0 to 1 replicas: backlog 30"), "{note}");
+        })
+        .writes_status(|status| {
+            assert_eq!(status.backlog, Some(30));
+            let active = message(status, "ScalingActive");
+            assert!(active.contains("measured by the operator"), "{active}");
+        })
+        .run()
+        .await;
+    // The database was asked with no pod running, which is what makes it count.
+    assert_eq!(lag_queries(&outcome.database)[0].running, 0);
+}
+
+#[tokio::test]
+async fn stale_reports_run_the_fallback_never_zero() {
+    let mut relay = scaling_relay(0, 10, 1000);
+    relay.spec.scaling.as_mut().unwrap().fallback.replicas = 2;
+    // Three pods run, none has reported: the backlog is unknown.
+    let live = live_deployment(&relay, 3);
+    let outcome = Scenario::new(relay)
+        .migrated_before()
+        .reads_secrets()
+        .finds_deployment(live)
+        .applies_deployment(2, 2, |body| assert_eq!(body["spec"]["replicas"], 2))
+        .event("DeploymentUpdated")
+        .event_checked("ScaledDown", |body| {
+            let note = body["note"].as_str().unwrap_or_default();
+            assert!(note.contains("fallback of 2 replicas"), "{note}");
+        })
+        .writes_status(|status| {
+            assert_eq!(status.desired_replicas, Some(2));
+            assert_conditions(
+                status,
+                &[
+                    ("ScalingActive", "False", "StaleReports"),
+                    ("ScalingLimited", "True", "StaleReports"),
+                ],
+            );
+        })
+        .run()
+        .await;
+    let queries = lag_queries(&outcome.database);
+    assert_eq!(queries[0].running, 3);
+    assert_eq!(
+        queries[0].stale_after,
+        Duration::from_secs(60),
+        "the CRD's default"
+    );
+}

@@ -1,0 +1,114 @@
+//! The controller: which objects are watched and which relays each change wakes up. It runs
+//! [`reconcile`] and [`error_policy`] for every OutboxRelay in one namespace, or in all.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, ResourceExt};
+
+use crate::crd::OutboxRelay;
+use crate::reconcile::dereference::referenced_secret_names;
+use crate::reconcile::{Context, error_policy, reconcile};
+
+/// The relays in `store` that refer to the Secret `name` in `namespace`.
+pub fn relays_referencing(
+    store: &Store<OutboxRelay>,
+    namespace: Option<&str>,
+    name: &str,
+) -> Vec<ObjectRef<OutboxRelay>> {
+    store
+        .state()
+        .iter()
+        .filter(|relay| {
+            relay.namespace().as_deref() == namespace
+                && referenced_secret_names(&relay.spec).contains(&name)
+        })
+        .map(|relay| ObjectRef::from_obj(relay.as_ref()))
+        .collect()
+}
+
+/// Runs the controller for one namespace (or all, with `None`) until `shutdown` resolves.
+pub async fn run_controller(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let (relays, deployments, secrets): (Api<OutboxRelay>, Api<Deployment>, Api<Secret>) =
+        match &namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client, ns),
+            ),
+            None => (
+                Api::all(client.clone()),
+                Api::all(client.clone()),
+                Api::all(client),
+            ),
+        };
+    let controller = Controller::new(relays, watcher::Config::default().any_semantic());
+    let store = controller.store();
+    controller
+        .owns(
+            deployments,
+            watcher::Config::default().labels("app.kubernetes.io/managed-by=outbox-operator"),
+        )
+        .watches(
+            secrets,
+            watcher::Config::default(),
+            move |secret: Secret| {
+                relays_referencing(
+                    &store,
+                    secret.metadata.namespace.as_deref(),
+                    &secret.name_any(),
+                )
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(%object, "reconciled"),
+                Err(error) => tracing::debug!(%error, "reconcile did not complete"),
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_maps_to_the_relays_that_use_it() {
+        use crate::test_support::{sample_relay, sample_spec};
+        use kube::runtime::{reflector, watcher};
+
+        let (store, mut writer) = reflector::store::<OutboxRelay>();
+        let orders = sample_relay("orders", sample_spec());
+        let mut billing = sample_relay("billing", sample_spec());
+        billing.spec.database.url_secret_ref.name = "billing-db".into();
+        let mut elsewhere = sample_relay("orders-copy", sample_spec());
+        elsewhere.metadata.namespace = Some("other".into());
+        for relay in [&orders, &billing, &elsewhere] {
+            writer.apply_watcher_event(&watcher::Event::Apply(relay.clone()));
+        }
+        let names = |secret: &str| {
+            let mut names: Vec<String> = relays_referencing(&store, Some("shop"), secret)
+                .into_iter()
+                .map(|r| r.name)
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names("orders-db"), vec!["orders"]);
+        assert_eq!(names("orders-amqp"), vec!["billing", "orders"]);
+        assert_eq!(names("billing-db"), vec!["billing"]);
+        assert!(names("unrelated").is_empty());
+    }
+}

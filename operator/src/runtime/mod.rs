@@ -1,0 +1,9 @@
+//! The operator process: the controller and its watches, leader election, the health and
+//! metrics server, and logging. Everything here drives [`crate::reconcile`]; nothing there
+//! knows about this.
+
+pub mod controller;
+pub mod leader;
+pub mod run;
+pub mod server;
+pub mod telemetry;

@@ -1,0 +1,129 @@
+//! A scripted [`RelayDatabase`] for the request-level tests: each test says what the migration
+//! and the lag observation answer, and reads back which calls the pipeline made. The real
+//! PostgreSQL side of these answers is tested in `operator/tests/postgres_database.rs`.
+
+use std::sync::Mutex;
+
+use futures::future::{BoxFuture, FutureExt, ready};
+use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::table::migrate::{IndexAction, MigrationReport};
+
+use crate::reconcile::database::{LagObservation, LagQuery, MigrationRun, RelayDatabase};
+use crate::reconcile::error::Error;
+use crate::reconcile::validate::RelayPlan;
+
+type MigrationAnswer = Box<dyn FnMut(&RelayPlan) -> Result<MigrationRun, Error> + Send>;
+type LagAnswer = Box<dyn FnMut(&LagQuery) -> Result<LagObservation, Error> + Send>;
+
+/// One call the pipeline made.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DatabaseCall {
+    /// A migration of this table.
+    Migrate(String),
+    ObserveLag(LagQuery),
+}
+
+pub struct ScriptedDatabase {
+    migration: Mutex<MigrationAnswer>,
+    lag: Mutex<LagAnswer>,
+    calls: Mutex<Vec<DatabaseCall>>,
+}
+
+/// What a first migration of a fresh table reports on a server that runs autovacuum.
+pub fn fresh_table_report(plan: &RelayPlan) -> MigrationReport {
+    MigrationReport {
+        index_name: format!("{}_pending_idx", plan.table.name),
+        index: IndexAction::Created,
+        reports_table_created: true,
+        autovacuum_changed: true,
+        notify_installed: false,
+        server_autovacuum_off: false,
+    }
+}
+
+/// What the real database answers when no pod has reported: a count of 0 when nothing runs
+/// (the operator measures), nothing known otherwise.
+pub fn nothing_reported(query: &LagQuery) -> LagObservation {
+    if query.running == 0 {
+        LagObservation {
+            backlog: Some(0),
+            backlog_age: Some(std::time::Duration::ZERO),
+            measured_by_operator: true,
+            ..Default::default()
+        }
+    } else {
+        LagObservation::default()
+    }
+}
+
+impl Default for ScriptedDatabase {
+    /// A database whose table migrates as a fresh one and where no pod has reported yet.
+    fn default() -> Self {
+        Self {
+            migration: Mutex::new(Box::new(|plan| {
+                Ok(MigrationRun::Migrated(fresh_table_report(plan)))
+            })),
+            lag: Mutex::new(Box::new(|query| Ok(nothing_reported(query)))),
+            calls: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl ScriptedDatabase {
+    /// Every migration answers `answer(plan)`.
+    pub fn migration(
+        self,
+        answer: impl FnMut(&RelayPlan) -> Result<MigrationRun, Error> + Send + 'static,
+    ) -> Self {
+        *self.migration.lock().unwrap() = Box::new(answer);
+        self
+    }
+
+    /// Every migration runs and reports what a fresh table's would, changed by `change`.
+    pub fn migrated(
+        self,
+        change: impl Fn(MigrationReport) -> MigrationReport + Send + 'static,
+    ) -> Self {
+        self.migration(move |plan| Ok(MigrationRun::Migrated(change(fresh_table_report(plan)))))
+    }
+
+    /// Every lag observation answers `answer(query)`.
+    pub fn lag(
+        self,
+        answer: impl FnMut(&LagQuery) -> Result<LagObservation, Error> + Send + 'static,
+    ) -> Self {
+        *self.lag.lock().unwrap() = Box::new(answer);
+        self
+    }
+
+    pub fn calls(&self) -> Vec<DatabaseCall> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn record(&self, call: DatabaseCall) {
+        self.calls.lock().unwrap().push(call);
+    }
+}
+
+impl RelayDatabase for ScriptedDatabase {
+    fn migrate<'a>(
+        &'a self,
+        _url: &'a SecretUrl,
+        plan: &'a RelayPlan,
+    ) -> BoxFuture<'a, Result<MigrationRun, Error>> {
+        self.record(DatabaseCall::Migrate(plan.table.name.to_string()));
+        let answer = (self.migration.lock().unwrap())(plan);
+        ready(answer).boxed()
+    }
+
+    fn observe_lag<'a>(
+        &'a self,
+        _url: &'a SecretUrl,
+        _plan: &'a RelayPlan,
+        query: LagQuery,
+    ) -> BoxFuture<'a, Result<LagObservation, Error>> {
+        let answer = (self.lag.lock().unwrap())(&query);
+        self.record(DatabaseCall::ObserveLag(query));
+        ready(answer).boxed()
+    }
+}

@@ -1,0 +1,282 @@
+//! The operator's database steps on the local PostgreSQL: what `PostgresDatabase` answers is
+//! what the request-level tests script (see `src/test_support/database.rs`). Each test makes
+//! its own table (and, where reports are involved, its own schema).
+
+use std::time::Duration;
+
+use outbox_operator::reconcile::database::postgres::PostgresDatabase;
+use outbox_operator::reconcile::database::{LagQuery, MigrationRun, RelayDatabase};
+use outbox_operator::reconcile::validate::{RelayPlan, validate};
+use outbox_operator::{Error, OutboxRelaySpec};
+use outbox_relay::secret_url::{SecretUrl, UrlKind};
+use outbox_relay::table::migrate::{IndexAction, MigrationReport};
+use sqlx::{Connection, PgConnection};
+
+/// A password no configuration contains, so finding it in a message is a leak.
+const CANARY: &str = "Canary-Pw-7f3a9";
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// The local server with [`CANARY`] as the password (trust authentication ignores it).
+fn url_with_canary() -> SecretUrl {
+    let url = database_url().replacen("postgres@", &format!("postgres:{CANARY}@"), 1);
+    SecretUrl::parse(&url, UrlKind::Postgres).unwrap()
+}
+
+async fn connect() -> PgConnection {
+    PgConnection::connect(&database_url())
+        .await
+        .expect("the local PostgreSQL must be running (see scripts/services.sh)")
+}
+
+async fn execute(sql: String) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut connect().await)
+        .await
+        .unwrap();
+}
+
+/// A fresh outbox table with the reference columns, in its own schema, so its report table
+/// is its own too. Returns the schema-qualified name.
+async fn create_outbox_table() -> String {
+    let schema = format!("s_{}", uuid::Uuid::new_v4().simple());
+    execute(format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.outbox (id uuid PRIMARY KEY, \
+         type varchar(255) NOT NULL, content jsonb NOT NULL, occurred_on_utc timestamptz NOT NULL, \
+         processed_on_utc timestamptz NULL, error text NULL)"
+    ))
+    .await;
+    format!("{schema}.outbox")
+}
+
+fn plan_for(table: &str) -> RelayPlan {
+    let spec: OutboxRelaySpec = serde_json::from_value(serde_json::json!({
+        "database": {"urlSecretRef": {"name": "db"}, "table": table},
+        "broker": {"urlSecretRef": {"name": "amqp"}},
+    }))
+    .unwrap();
+    validate(&spec).unwrap()
+}
+
+async fn migrate(table: &str) -> Result<MigrationRun, Error> {
+    PostgresDatabase
+        .migrate(&url_with_canary(), &plan_for(table))
+        .await
+}
+
+fn migrated(run: Result<MigrationRun, Error>) -> MigrationReport {
+    match run {
+        Ok(MigrationRun::Migrated(report)) => report,
+        other => panic!("expected a migration, got {other:?}"),
+    }
+}
+
+async fn index_is_valid(table: &str) -> bool {
+    sqlx::query_scalar("SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)")
+        .bind(format!("{table}_pending_idx"))
+        .fetch_one(&mut connect().await)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_fresh_table_gets_a_valid_index_once_and_the_server_setting_reported() {
+    let table = create_outbox_table().await;
+    let first = migrated(migrate(&table).await);
+    assert_eq!(first.index, IndexAction::Created);
+    assert!(index_is_valid(&table).await);
+    // The autovacuum warning follows the server's own setting.
+    let off: bool = sqlx::query_scalar(
+        "SELECT bool_or(setting = 'off') FROM pg_settings WHERE name IN ('autovacuum', 'track_counts')",
+    )
+    .fetch_one(&mut connect().await)
+    .await
+    .unwrap();
+    assert_eq!(first.server_autovacuum_off, off);
+    let again = migrated(migrate(&table).await);
+    assert_eq!(again.index, IndexAction::AlreadyValid);
+}
+
+#[tokio::test]
+async fn an_invalid_index_is_rebuilt_valid() {
+    let table = create_outbox_table().await;
+    // Two rows with the same occurred_on_utc make a UNIQUE build fail half-way, which leaves
+    // an INVALID index under the very name the migration uses.
+    execute(format!(
+        "INSERT INTO {table} (id, type, content, occurred_on_utc) VALUES \
+         (gen_random_uuid(), 't', '{{}}', '2024-01-01T00:00:00Z'), \
+         (gen_random_uuid(), 't', '{{}}', '2024-01-01T00:00:00Z')"
+    ))
+    .await;
+    let index = table.replace(".outbox", ".outbox_pending_idx");
+    let failed = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE UNIQUE INDEX CONCURRENTLY {} ON {table} (occurred_on_utc)",
+        index.split('.').nth(1).unwrap()
+    )))
+    .execute(&mut connect().await)
+    .await;
+    assert!(
+        failed.is_err(),
+        "the unique build should fail on duplicates"
+    );
+    assert!(
+        !index_is_valid(&table).await,
+        "precondition: the index is INVALID"
+    );
+
+    let report = migrated(migrate(&table).await);
+    assert_eq!(report.index, IndexAction::RebuiltInvalid);
+    assert!(report.lines().join("; ").contains("INVALID"), "{report:?}");
+    assert!(index_is_valid(&table).await, "the index was rebuilt valid");
+}
+
+#[tokio::test]
+async fn a_held_migration_lock_is_lock_busy() {
+    let table = create_outbox_table().await;
+    // Hold the lock the migration takes, as a concurrent `outbox-relay migrate` would.
+    let quoted = plan_for(&table).table.name.quoted();
+    let mut holder = connect().await;
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+        .bind(format!("outbox-relay:migrate:{quoted}"))
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    assert!(locked);
+    assert_eq!(migrate(&table).await.unwrap(), MigrationRun::LockBusy);
+    assert!(!index_is_valid_or_missing(&table).await);
+}
+
+async fn index_is_valid_or_missing(table: &str) -> bool {
+    let found: Option<bool> = sqlx::query_scalar(
+        "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)",
+    )
+    .bind(format!("{table}_pending_idx"))
+    .fetch_optional(&mut connect().await)
+    .await
+    .unwrap();
+    found.unwrap_or(false)
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_database_unreachable_without_the_password() {
+    let url = SecretUrl::parse(
+        &format!("postgres://postgres:{CANARY}@127.0.0.1:1/test"),
+        UrlKind::Postgres,
+    )
+    .unwrap();
+    let error = PostgresDatabase
+        .migrate(&url, &plan_for("outbox_messages"))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::DatabaseUnreachable(_)), "{error:?}");
+    let text = error.to_string();
+    assert!(text.contains("127.0.0.1:1"), "{text}");
+    assert!(!text.contains(CANARY), "{text}");
+}
+
+#[tokio::test]
+async fn a_missing_table_names_the_spec_field() {
+    let missing = format!("obr_missing_{}", uuid::Uuid::new_v4().simple());
+    let error = migrate(&missing).await.unwrap_err();
+    assert!(matches!(error, Error::MigrationFailed(_)), "{error:?}");
+    let text = error.to_string();
+    assert!(
+        text.contains("spec.database.table") && text.contains("does not exist"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn an_id_without_a_unique_index_is_id_not_unique_naming_the_field_and_fix() {
+    let table = create_outbox_table().await;
+    // The fixture's table has a primary key; take it away, as a user's table might lack one.
+    execute(format!("ALTER TABLE {table} DROP CONSTRAINT outbox_pkey")).await;
+    let error = migrate(&table).await.unwrap_err();
+    assert!(matches!(error, Error::IdNotUnique(_)), "{error:?}");
+    let text = error.to_string();
+    assert!(
+        text.contains("spec.database.columns.id")
+            && text.contains("has no primary key or unique index")
+            && text.contains("add PRIMARY KEY (id)"),
+        "{text}"
+    );
+}
+
+fn query(running: i32) -> LagQuery {
+    LagQuery {
+        relay_name: "shop/orders".into(),
+        running,
+        stale_after: Duration::from_secs(60),
+    }
+}
+
+#[tokio::test]
+async fn at_zero_pods_the_backlog_is_counted() {
+    let table = create_outbox_table().await;
+    migrated(migrate(&table).await);
+    let plan = plan_for(&table);
+    outbox_relay::tools::seed::copy_rows(&mut connect().await, &plan.table, 30, 50, |_| {})
+        .await
+        .unwrap();
+    let lag = PostgresDatabase
+        .observe_lag(&url_with_canary(), &plan, query(0))
+        .await
+        .unwrap();
+    assert_eq!(lag.backlog, Some(30));
+    assert!(lag.measured_by_operator);
+    assert_eq!(lag.reporting_pods, 0);
+}
+
+async fn report(table: &str, pod: &str, backlog: Option<i64>, rate: f64, age_seconds: i64) {
+    let reports = plan_for(table).table.reports_table();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {} (relay, pod, backlog, publish_rate, reported_at) \
+         VALUES ('shop/orders', $1, $2, $3, now() - make_interval(secs => $4))",
+        reports.quoted()
+    )))
+    .bind(pod)
+    .bind(backlog)
+    .bind(rate)
+    .bind(age_seconds as f64)
+    .execute(&mut connect().await)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn fresh_reports_are_summed_and_stale_ones_ignored() {
+    let table = create_outbox_table().await;
+    migrated(migrate(&table).await);
+    report(&table, "orders-a", Some(9_000), 120.0, 1).await;
+    report(&table, "orders-b", None, 80.0, 2).await;
+    // A pod that stopped reporting ten minutes ago no longer speaks for the relay.
+    report(&table, "orders-gone", Some(1), 500.0, 600).await;
+    let lag = PostgresDatabase
+        .observe_lag(&url_with_canary(), &plan_for(&table), query(2))
+        .await
+        .unwrap();
+    assert_eq!(lag.backlog, Some(9_000));
+    assert_eq!(lag.publish_rate, 200.0);
+    assert_eq!(lag.reporting_pods, 2);
+    assert!(!lag.measured_by_operator);
+    assert!(
+        lag.backlog_age.unwrap() < Duration::from_secs(30),
+        "{lag:?}"
+    );
+}
+
+#[tokio::test]
+async fn with_no_fresh_report_the_backlog_is_unknown() {
+    let table = create_outbox_table().await;
+    migrated(migrate(&table).await);
+    report(&table, "orders-gone", Some(5), 10.0, 600).await;
+    let lag = PostgresDatabase
+        .observe_lag(&url_with_canary(), &plan_for(&table), query(3))
+        .await
+        .unwrap();
+    assert_eq!(lag.backlog, None);
+    assert_eq!(lag.reporting_pods, 0);
+}
