@@ -216,25 +216,9 @@ pub struct BrokerSpec {
     pub dead_letter_exchange: Option<String>,
 }
 
-/// What happens to a row once the broker confirmed it.
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum DeliveryMode {
-    /// Set the processed-at column; rows stay for audit (see processedRetention).
-    #[default]
-    Mark,
-    /// Delete the row; faster, since no dead rows pile up at the head of the pending index.
-    Delete,
-}
-
-/// Log output of the relay pods.
-#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    Text,
-    #[default]
-    Json,
-}
+// The relay's own types: one definition of each mode, whatever reads it (flag, YAML, CRD).
+pub use outbox_relay::config::LogFormat;
+pub use outbox_relay::table::outbox::DeliveryMode;
 
 /// When the kubelet pulls the relay image.
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -305,8 +289,8 @@ pub struct RelaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub processed_retention: Option<String>,
-    /// Log format of the relay pods.
-    #[serde(default)]
+    /// Log format of the relay pods: json (the default, for log pipelines) or text.
+    #[serde(default = "defaults::log_format")]
     pub log_format: LogFormat,
     /// Seconds a pod gets after SIGTERM to finish its batch in flight and commit.
     #[serde(default = "defaults::termination_grace_period_seconds")]
@@ -356,7 +340,7 @@ impl Default for RelaySpec {
             poll_interval: defaults::poll_interval(),
             report_interval: defaults::report_interval(),
             processed_retention: None,
-            log_format: LogFormat::default(),
+            log_format: defaults::log_format(),
             termination_grace_period_seconds: defaults::termination_grace_period_seconds(),
             resources: None,
             pod_annotations: BTreeMap::new(),
@@ -635,6 +619,10 @@ pub mod defaults {
     }
     pub fn yes() -> bool {
         true
+    }
+    /// Pods write JSON lines for log pipelines; the relay's own default (text) is for people.
+    pub fn log_format() -> super::LogFormat {
+        super::LogFormat::Json
     }
     pub fn batch_size() -> i32 {
         relay::BATCH_SIZE as i32

@@ -5,6 +5,8 @@
 //! *versions* (to roll the pods when a Secret changes), never their values.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
@@ -16,7 +18,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::crd::{DeliveryMode, LogFormat, OutboxRelay, SecretKeyRef};
+use outbox_relay::config::argv::{column_args, run_argv};
+use outbox_relay::config::{RunArgs, TableArgs};
+
+use crate::crd::{OutboxRelay, SecretKeyRef};
 use crate::reconcile::validate::RelayPlan;
 
 /// Where the relay binary lives in the shared image.
@@ -225,85 +230,46 @@ pub fn build_deployment(
 /// The `outbox-relay run` arguments, exactly the relay's flag names.
 fn relay_args(relay: &OutboxRelay, plan: &RelayPlan) -> Vec<String> {
     let spec = &relay.spec;
-    let columns = &plan.table.columns;
-    let mut args: Vec<String> = vec!["run".into()];
-    let mut flag = |name: &str, value: String| {
-        args.push(format!("--{name}"));
-        args.push(value);
+    let options = RunArgs {
+        table: TableArgs {
+            table: Some(plan.table.name.to_string()),
+            columns: column_args(&plan.table.columns),
+            mode: Some(plan.table.mode),
+            relay_name: Some(report_name(relay)),
+            ..Default::default()
+        },
+        exchange: Some(spec.broker.exchange.clone()),
+        routing_key: spec.broker.routing_key.clone(),
+        batch_size: Some(spec.relay.batch_size.into()),
+        workers: Some(spec.relay.workers_per_pod.into()),
+        inflight_batches: Some(spec.relay.inflight_batches.into()),
+        publisher_confirms: Some(spec.broker.publisher_confirms),
+        mandatory: Some(spec.broker.mandatory),
+        publish_timeout: Some(plan.publish_timeout),
+        max_attempts: Some(spec.relay.max_attempts.into()),
+        dead_letter_exchange: spec.broker.dead_letter_exchange.clone(),
+        poll_interval: Some(plan.poll_interval),
+        report_interval: Some(plan.report_interval),
+        // The pod's address, so the kubelet's probes and Prometheus reach it.
+        metrics_addr: Some(SocketAddr::from(([0, 0, 0, 0], METRICS_PORT as u16))),
+        log_format: Some(spec.relay.log_format),
+        // Finish the batch in flight a little before the kubelet's SIGKILL, so a rolling
+        // restart commits instead of leaving rows to be relayed twice.
+        shutdown_grace: Some(Duration::from_secs(shutdown_grace_seconds(
+            spec.relay.termination_grace_period_seconds,
+        ))),
+        processed_retention: plan.processed_retention,
+        ..Default::default()
     };
-    flag("table", plan.table.name.to_string());
-    flag("id-column", columns.id.to_string());
-    flag("type-column", columns.kind.to_string());
-    flag("payload-column", columns.payload.to_string());
-    flag("occurred-at-column", columns.occurred_at.to_string());
-    flag("processed-at-column", columns.processed_at.to_string());
-    flag("error-column", columns.error.to_string());
-    if let Some(column) = &columns.routing_key {
-        flag("routing-key-column", column.to_string());
-    }
-    if let Some(column) = &columns.headers {
-        flag("headers-column", column.to_string());
-    }
-    if let Some(column) = &columns.attempts {
-        flag("attempts-column", column.to_string());
-    }
-    flag(
-        "mode",
-        match spec.relay.delivery_mode {
-            DeliveryMode::Mark => "mark",
-            DeliveryMode::Delete => "delete",
-        }
-        .into(),
-    );
-    flag("relay-name", report_name(relay));
-    flag("exchange", spec.broker.exchange.clone());
-    if let Some(key) = &spec.broker.routing_key {
-        flag("routing-key", key.clone());
-    }
-    flag("batch-size", spec.relay.batch_size.to_string());
-    flag("workers", spec.relay.workers_per_pod.to_string());
-    flag("inflight-batches", spec.relay.inflight_batches.to_string());
-    flag(
-        "publisher-confirms",
-        spec.broker.publisher_confirms.to_string(),
-    );
-    flag("mandatory", spec.broker.mandatory.to_string());
-    flag("publish-timeout", spec.relay.publish_timeout.clone());
-    flag("max-attempts", spec.relay.max_attempts.to_string());
-    if let Some(dlx) = &spec.broker.dead_letter_exchange {
-        flag("dead-letter-exchange", dlx.clone());
-    }
-    flag("poll-interval", spec.relay.poll_interval.clone());
-    flag("report-interval", spec.relay.report_interval.clone());
-    flag("metrics-addr", format!("0.0.0.0:{METRICS_PORT}"));
-    flag(
-        "log-format",
-        match spec.relay.log_format {
-            LogFormat::Json => "json",
-            LogFormat::Text => "text",
-        }
-        .into(),
-    );
-    // Finish the batch in flight a little before the kubelet's SIGKILL, so a rolling restart
-    // commits instead of leaving rows to be relayed twice.
-    flag(
-        "shutdown-grace",
-        format!(
-            "{}s",
-            shutdown_grace_seconds(spec.relay.termination_grace_period_seconds)
-        ),
-    );
-    if let Some(retention) = &spec.relay.processed_retention {
-        flag("processed-retention", retention.clone());
-    }
-    args
+    run_argv(&options)
 }
 
 /// Five seconds of margin below the termination grace period, and never below one second.
-fn shutdown_grace_seconds(termination_grace_period_seconds: i64) -> i64 {
+fn shutdown_grace_seconds(termination_grace_period_seconds: i64) -> u64 {
     (termination_grace_period_seconds - 5)
         .max(termination_grace_period_seconds / 2)
         .max(1)
+        .unsigned_abs()
 }
 
 fn secret_env(name: &str, reference: &SecretKeyRef) -> EnvVar {

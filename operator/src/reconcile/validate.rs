@@ -9,9 +9,9 @@ use std::time::Duration;
 use outbox_relay::defaults::AMQP_SHORT_STRING_MAX;
 use outbox_relay::table::ident::{Ident, TableName};
 use outbox_relay::table::migrate::MigrationOptions;
-use outbox_relay::table::{Columns, DeliveryMode as TableDeliveryMode, OutboxTable};
+use outbox_relay::table::{Columns, OutboxTable};
 
-use crate::crd::{DeliveryMode, OutboxRelaySpec, ScalingRules, ScalingSpec};
+use crate::crd::{OutboxRelaySpec, ScalingRules, ScalingSpec};
 
 /// One problem with the spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,10 +220,7 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         table: OutboxTable {
             name,
             columns,
-            mode: match relay.delivery_mode {
-                DeliveryMode::Mark => TableDeliveryMode::Mark,
-                DeliveryMode::Delete => TableDeliveryMode::Delete,
-            },
+            mode: relay.delivery_mode,
         },
         migration: MigrationOptions {
             covering_index: db.covering_index,

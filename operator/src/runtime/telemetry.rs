@@ -1,13 +1,8 @@
 //! Logging setup: text for people at a terminal, JSON for log pipelines. `RUST_LOG` overrides
 //! the default filter.
 
+pub use outbox_relay::config::LogFormat;
 use tracing_subscriber::EnvFilter;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
 
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()

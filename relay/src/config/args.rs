@@ -13,7 +13,7 @@ use crate::table::outbox::{ColumnRole, DeliveryMode};
 
 /// Options shared by every subcommand that touches the outbox table. Each is also read from
 /// the environment and from the `--config` file (same names, with underscores).
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
 pub struct TableArgs {
     /// YAML configuration file; flags and environment override its values.
     #[arg(long, env = "OUTBOX_RELAY_CONFIG", value_name = "FILE")]
@@ -37,7 +37,7 @@ pub struct TableArgs {
 
 /// The column mapping. The same struct is the `columns:` map of the YAML file, whose keys are
 /// the roles (`id`, `type`, `payload`, ...).
-#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnArgs {
     /// Column holding the message id (uuid). Default: id.
@@ -122,7 +122,7 @@ impl ColumnArgs {
 
 /// Options of `outbox-relay run`. The defaults are in [`crate::defaults`]; they apply after
 /// the file, so they are not clap defaults.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub table: TableArgs,

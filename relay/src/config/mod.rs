@@ -3,6 +3,7 @@
 //! here, once, with an error that names the option and says what to do.
 
 pub mod args;
+pub mod argv;
 pub mod file;
 pub mod parse;
 

@@ -19,8 +19,19 @@ impl ConfigError {
     }
 }
 
-/// How the relay writes its log lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+/// How the relay (and the operator) writes its log lines. The operator's CRD uses this type.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// For people at a terminal.

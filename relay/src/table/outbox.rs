@@ -7,8 +7,19 @@ use crate::table::ident::{Ident, TableName};
 /// The lag-report table, next to every outbox table in its schema.
 pub const REPORTS_TABLE: &str = "outbox_relay_reports";
 
-/// What happens to a row once the broker confirmed it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+/// What happens to a row once the broker confirmed it. The operator's CRD uses this type too.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum DeliveryMode {
     /// Set the processed-at column (the reference article's behaviour; rows stay for audit).

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::*;
-use crate::crd::{ImagePullPolicy, OutboxRelaySpec};
+use crate::crd::{DeliveryMode, ImagePullPolicy, LogFormat, OutboxRelaySpec};
 use crate::reconcile::dereference::dereference_secrets;
 use crate::reconcile::validate::validate;
 use crate::test_support::{LEAK_CANARY, sample_relay, sample_spec};
