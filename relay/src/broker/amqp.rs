@@ -8,7 +8,9 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::join_all;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+use lapin::uri::AMQPUri;
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
     PublisherConfirm,
@@ -16,8 +18,8 @@ use lapin::{
 
 use super::routing::ExchangeType;
 use super::{
-    BatchOutcome, BrokerFailure, Connector, Delivery, Message, Publisher, Rejection, Target,
-    Unconfirmed,
+    BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Rejection,
+    Target, Unconfirmed,
 };
 use crate::secret_url::SecretUrl;
 
@@ -51,9 +53,8 @@ pub struct AmqpConnector {
 
 impl Connector for AmqpConnector {
     type Publisher = AmqpPublisher;
-    type Error = lapin::Error;
 
-    async fn connect(&self) -> Result<AmqpPublisher, lapin::Error> {
+    async fn connect(&self) -> Result<AmqpPublisher, ConnectError> {
         AmqpPublisher::connect(&self.url, self.settings.clone()).await
     }
 
@@ -73,21 +74,22 @@ pub struct AmqpPublisher {
 }
 
 impl AmqpPublisher {
-    pub async fn connect(url: &SecretUrl, settings: AmqpSettings) -> Result<Self, lapin::Error> {
+    pub async fn connect(url: &SecretUrl, settings: AmqpSettings) -> Result<Self, ConnectError> {
         let properties = ConnectionProperties::default()
             .with_connection_name(settings.connection_name.clone().into());
-        let connection = Connection::connect(url.expose(), properties).await?;
-        let channel = connection.create_channel().await?;
-        ensure_exchange(&channel, &settings.exchange, settings.declare_exchange).await?;
-        if let Some(dlx) = &settings.dead_letter_exchange {
-            let kind = settings.declare_exchange.map(|_| ExchangeType::Fanout);
-            ensure_exchange(&channel, dlx, kind).await?;
-        }
-        if settings.confirms {
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await?;
-        }
+        let connection = Connection::connect(url.expose(), properties)
+            .await
+            .map_err(unavailable)?;
+        let channel = match open_channel(&connection, &settings, url).await {
+            Ok(channel) => channel,
+            Err(e) => {
+                // Politely, so the broker does not log an abruptly closed connection per retry;
+                // bounded, so a broker that stopped answering does not hold up the backoff.
+                let close = connection.close(200, "relay cannot publish".into());
+                let _ = tokio::time::timeout(settings.timeout, close).await;
+                return Err(e);
+            }
+        };
         Ok(Self {
             exchange: settings.exchange.clone().into(),
             dead_letter_exchange: settings.dead_letter_exchange.clone().map(Into::into),
@@ -118,6 +120,59 @@ impl AmqpPublisher {
         }
         properties
     }
+}
+
+/// The publishing channel: its exchanges checked (or declared), confirms on when asked for.
+async fn open_channel(
+    connection: &Connection,
+    settings: &AmqpSettings,
+    url: &SecretUrl,
+) -> Result<Channel, ConnectError> {
+    let channel = connection.create_channel().await.map_err(unavailable)?;
+    ensure_exchange(&channel, &settings.exchange, settings.declare_exchange)
+        .await
+        .map_err(|e| declare_error(e, &settings.exchange, url))?;
+    if let Some(dlx) = &settings.dead_letter_exchange {
+        let kind = settings.declare_exchange.map(|_| ExchangeType::Fanout);
+        ensure_exchange(&channel, dlx, kind)
+            .await
+            .map_err(|e| declare_error(e, dlx, url))?;
+    }
+    if settings.confirms {
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(unavailable)?;
+    }
+    Ok(channel)
+}
+
+fn unavailable(error: lapin::Error) -> ConnectError {
+    ConnectError::Unavailable(Arc::new(error))
+}
+
+/// A failed declare of `exchange`: the broker closes the channel with 404 NOT_FOUND when a
+/// passive declare finds no such exchange.
+fn declare_error(error: lapin::Error, exchange: &str, url: &SecretUrl) -> ConnectError {
+    match error.kind() {
+        lapin::ErrorKind::ProtocolError(reply)
+            if matches!(reply.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)) =>
+        {
+            ConnectError::ExchangeNotFound {
+                exchange: exchange.to_string(),
+                vhost: vhost(url),
+            }
+        }
+        _ => unavailable(error),
+    }
+}
+
+/// The vhost the URL connects to, as lapin reads it. The connection was made with this URL, so
+/// it parses; the parser's error would quote the URL, password and all, so it is never shown.
+fn vhost(url: &SecretUrl) -> String {
+    url.expose()
+        .parse::<AMQPUri>()
+        .map_or_else(|_| "/".to_string(), |uri| uri.vhost)
 }
 
 impl Publisher for AmqpPublisher {

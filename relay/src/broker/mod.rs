@@ -80,6 +80,20 @@ pub enum BrokerFailure {
     ConfirmTimeout(Duration),
 }
 
+/// Why a [`Connector`] could not open a publisher. A missing exchange gets its own variant: the
+/// broker answered, so "cannot reach the broker" would send the user looking in the wrong place,
+/// and only someone declaring the exchange fixes it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConnectError {
+    #[error(
+        "exchange {exchange} does not exist on vhost {vhost}: declare it, or pass --declare-exchange TYPE"
+    )]
+    ExchangeNotFound { exchange: String, vhost: String },
+    /// The broker is down or unreachable, refused the login, or failed otherwise.
+    #[error("{0}")]
+    Unavailable(Arc<dyn Error + Send + Sync>),
+}
+
 /// The deliveries of one batch, in the order of the messages, and whether the connection must
 /// be replaced before the next batch.
 #[derive(Debug)]
@@ -126,9 +140,8 @@ pub trait Publisher: Send {
 /// Opens publishers: what a worker keeps to connect and reconnect, so it never names a broker.
 pub trait Connector: Clone + Send + Sync + 'static {
     type Publisher: Publisher;
-    type Error: Display + Send;
 
-    fn connect(&self) -> impl Future<Output = Result<Self::Publisher, Self::Error>> + Send;
+    fn connect(&self) -> impl Future<Output = Result<Self::Publisher, ConnectError>> + Send;
 
     /// Where it connects to, for logs (never with a password).
     fn endpoint(&self) -> &(dyn Display + Sync);

@@ -1,5 +1,6 @@
 //! The relay's HTTP endpoints: `/metrics` for Prometheus, `/healthz` (the process is alive)
-//! and `/readyz` (at least one worker is connected to both PostgreSQL and the broker).
+//! and `/readyz` (at least one worker is connected to both PostgreSQL and the broker; when not,
+//! the body names the reason if one is known).
 
 use std::net::SocketAddr;
 
@@ -8,16 +9,23 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::runtime::health::Health;
 
-fn router(metrics: Metrics) -> Router {
+#[derive(Clone)]
+struct Endpoints {
+    metrics: Metrics,
+    health: Health,
+}
+
+fn router(metrics: Metrics, health: Health) -> Router {
     Router::new()
         .route("/metrics", get(render_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readiness))
-        .with_state(metrics)
+        .with_state(Endpoints { metrics, health })
 }
 
-async fn render_metrics(State(metrics): State<Metrics>) -> impl IntoResponse {
+async fn render_metrics(State(Endpoints { metrics, .. }): State<Endpoints>) -> impl IntoResponse {
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -27,15 +35,20 @@ async fn render_metrics(State(metrics): State<Metrics>) -> impl IntoResponse {
     )
 }
 
-async fn readiness(State(metrics): State<Metrics>) -> impl IntoResponse {
-    let db = metrics.database_connected.get() > 0;
-    let broker = metrics.broker_connected.get() > 0;
-    let body = format!("database: {}\nbroker: {}\n", up(db), up(broker));
+async fn readiness(State(endpoints): State<Endpoints>) -> impl IntoResponse {
+    let db = endpoints.metrics.database_connected.get() > 0;
+    let broker = endpoints.metrics.broker_connected.get() > 0;
+    let mut body = String::new();
     let status = if db && broker {
         StatusCode::OK
     } else {
+        // First, so a probe's truncated output still shows it.
+        if let Some(problem) = endpoints.health.problem() {
+            body = format!("not ready: {}\n", problem.message);
+        }
         StatusCode::SERVICE_UNAVAILABLE
     };
+    body.push_str(&format!("database: {}\nbroker: {}\n", up(db), up(broker)));
     (status, body)
 }
 
@@ -72,13 +85,14 @@ pub async fn serve(
     addr: SocketAddr,
     is_default: bool,
     metrics: Metrics,
+    health: Health,
     shutdown: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = bind(addr, is_default).await?;
     // The actual port matters when the configured one is 0 (tests, several relays on a host).
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
     Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, router(metrics))
+        let _ = axum::serve(listener, router(metrics, health))
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
             .await;
     }))

@@ -2,6 +2,7 @@
 //! reporter, the LISTEN task and the HTTP endpoints, started and stopped in order by [`run`].
 
 pub mod backoff;
+pub mod health;
 pub mod http;
 pub mod listener;
 pub mod reporter;

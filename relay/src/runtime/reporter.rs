@@ -12,9 +12,12 @@ use tracing::{debug, info, warn};
 
 use crate::defaults::BACKLOG_CAP;
 use crate::metrics::Metrics;
+use crate::runtime::health::Health;
 use crate::secret_url::SecretUrl;
 use crate::table::ident::TableName;
-use crate::table::reports::{Backlog, Report, measure_backlog, measurer_lock_key, upsert_report};
+use crate::table::reports::{
+    Backlog, Report, Stored, measure_backlog, measurer_lock_key, upsert_report,
+};
 use crate::table::sql::Statements;
 
 pub struct ReporterContext {
@@ -27,6 +30,8 @@ pub struct ReporterContext {
     pub retention: Option<Duration>,
     pub metrics: Metrics,
     pub published_total: Arc<AtomicU64>,
+    /// What keeps the process from relaying, written with each report.
+    pub health: Health,
     pub shutdown: CancellationToken,
 }
 
@@ -36,6 +41,8 @@ const PURGE_CHUNK: i64 = 5_000;
 struct Session {
     conn: PgConnection,
     measurer: bool,
+    /// Said once per session that the report table cannot hold the problem yet.
+    told_to_migrate: bool,
 }
 
 pub async fn run_reporter(ctx: ReporterContext) {
@@ -61,6 +68,7 @@ pub async fn run_reporter(ctx: ReporterContext) {
                     session = Some(Session {
                         conn,
                         measurer: false,
+                        told_to_migrate: false,
                     });
                 }
                 Err(e) => {
@@ -136,6 +144,15 @@ async fn report_once(
         backlog,
         published_total: i64::try_from(total).unwrap_or(i64::MAX),
         publish_rate: rate,
+        problem: ctx.health.problem(),
     };
-    upsert_report(&mut session.conn, &ctx.reports_table, &report).await
+    let stored = upsert_report(&mut session.conn, &ctx.reports_table, &report).await?;
+    if stored == Stored::WithoutProblem && !session.told_to_migrate {
+        warn!(
+            "the report table has no problem columns, so the operator cannot see why this pod \
+             is not relaying; run `outbox-relay migrate` to add them"
+        );
+        session.told_to_migrate = true;
+    }
+    Ok(())
 }

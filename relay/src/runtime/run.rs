@@ -14,6 +14,7 @@ use crate::config::RelayConfig;
 use crate::metrics::Metrics;
 use crate::protocol::batch::BatchSettings;
 use crate::runtime::backoff::Backoff;
+use crate::runtime::health::Health;
 use crate::runtime::reporter::{ReporterContext, run_reporter};
 use crate::runtime::worker::{WorkerContext, run_worker};
 use crate::table::inspect::{InspectError, TableShape, inspect};
@@ -90,11 +91,13 @@ pub async fn run(
             "no attempts column mapped: a message the broker rejects is dead-lettered at its first rejection"
         );
     }
+    let health = Health::default();
     let http_stop = CancellationToken::new();
     let http = crate::runtime::http::serve(
         config.metrics_addr,
         config.metrics_addr_is_default,
         metrics.clone(),
+        health.clone(),
         http_stop.clone(),
     )
     .await
@@ -152,6 +155,7 @@ pub async fn run(
         shutdown: workers_stop.clone(),
         wake: wake_rx,
         published_total: published_total.clone(),
+        health: health.clone(),
     };
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..config.workers {
@@ -181,6 +185,7 @@ pub async fn run(
             retention: config.processed_retention,
             metrics: metrics.clone(),
             published_total,
+            health,
             shutdown: background_stop.clone(),
         })
         .in_current_span(),

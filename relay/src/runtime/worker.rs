@@ -12,11 +12,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::broker::{Connector, Publisher};
+use crate::broker::{ConnectError, Connector, Publisher};
 use crate::metrics::Metrics;
 use crate::protocol::batch::{BatchSettings, run_batch};
 use crate::protocol::cursor::ClaimCursor;
 use crate::runtime::backoff::Backoff;
+use crate::runtime::health::Health;
 use crate::secret_url::SecretUrl;
 use crate::table::sql::Statements;
 
@@ -34,6 +35,8 @@ pub struct WorkerContext<C> {
     /// Bumped by the LISTEN task when the NOTIFY trigger fires.
     pub wake: watch::Receiver<u64>,
     pub published_total: Arc<AtomicU64>,
+    /// Where a worker tells why it cannot connect, for `/readyz` and the reports.
+    pub health: Health,
 }
 
 /// Tracks one connection's contribution to a "connected" gauge.
@@ -85,36 +88,24 @@ impl<T> Link<T> {
         }
     }
 
-    /// Connects unless connected. False when that failed; it has then waited its backoff.
-    async fn ensure<E: Display>(
-        &mut self,
-        connect: impl Future<Output = Result<T, E>>,
-        endpoint: &(dyn Display + Sync),
-        shutdown: &CancellationToken,
-    ) -> bool {
+    /// Connects unless connected. A failed attempt's error is the caller's to tell, before it
+    /// backs off.
+    async fn ensure<E>(&mut self, connect: impl Future<Output = Result<T, E>>) -> Result<(), E> {
         if self.connection.is_none() {
-            match connect.await {
-                Ok(connection) => {
-                    if self.backoff.failures() > 0 {
-                        info!("reconnected to {}", self.service);
-                    }
-                    self.backoff.reset();
-                    self.connection = Some(connection);
-                }
-                Err(e) => {
-                    warn!(endpoint = %endpoint, error = %e, "cannot reach {}; retrying", self.service);
-                    pause(shutdown, self.backoff.next_delay()).await;
-                    return false;
-                }
+            let connection = connect.await?;
+            if self.backoff.failures() > 0 {
+                info!("reconnected to {}", self.service);
             }
+            self.backoff.reset();
+            self.connection = Some(connection);
         }
         self.flag.set(true);
-        true
+        Ok(())
     }
 
-    /// After a failure of the connection taken away: waits before the next attempt.
-    async fn back_off(&mut self, shutdown: &CancellationToken) {
-        pause(shutdown, self.backoff.next_delay()).await;
+    /// After a failure: the wait before the next attempt, growing with each failure in a row.
+    fn next_delay(&mut self) -> Duration {
+        self.backoff.next_delay()
     }
 
     /// Takes the connection away, e.g. for closing; the gauge counts it as down.
@@ -139,11 +130,13 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
     let mut cursor = ClaimCursor::default();
 
     while !ctx.shutdown.is_cancelled() {
-        let connect_db = crate::table::connect::connect(&ctx.database_url);
-        if !db
-            .ensure(connect_db, &ctx.database_url, &ctx.shutdown)
+        if let Err(e) = db
+            .ensure(crate::table::connect::connect(&ctx.database_url))
             .await
         {
+            let delay = db.next_delay();
+            warn!(endpoint = %ctx.database_url, error = %e, retry_in_ms = delay.as_millis(), "cannot reach PostgreSQL; retrying");
+            pause(&ctx.shutdown, delay).await;
             continue;
         }
         if broker
@@ -154,10 +147,12 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         {
             old.close().await;
         }
-        if !broker
-            .ensure(ctx.broker.connect(), ctx.broker.endpoint(), &ctx.shutdown)
-            .await
-        {
+        let connected = broker.ensure(ctx.broker.connect()).await;
+        ctx.health.broker_connect(connected.as_ref().map(|_| ()));
+        if let Err(e) = connected {
+            let delay = broker.next_delay();
+            log_broker_failure(&e, ctx.broker.endpoint(), delay);
+            pause(&ctx.shutdown, delay).await;
             continue;
         }
 
@@ -186,7 +181,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                     if let Some(old) = broker.take() {
                         old.close().await;
                     }
-                    broker.back_off(&ctx.shutdown).await;
+                    pause(&ctx.shutdown, broker.next_delay()).await;
                 } else if report.claimed == 0 && cursor.idle_after_empty_claim() {
                     idle(&ctx, &mut wake, seen_wake).await;
                 }
@@ -195,7 +190,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 warn!(error = %e, "batch rolled back; reconnecting to PostgreSQL");
                 cursor.reset();
                 drop(db.take());
-                db.back_off(&ctx.shutdown).await;
+                pause(&ctx.shutdown, db.next_delay()).await;
             }
         }
     }
@@ -204,6 +199,18 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
     }
     if let Some(conn) = db.take() {
         let _ = conn.close().await;
+    }
+}
+
+/// Once per failed attempt. A missing exchange is a fact the broker stated, not an outage: its
+/// message says what to do instead of "cannot reach".
+fn log_broker_failure(error: &ConnectError, endpoint: &(dyn Display + Sync), delay: Duration) {
+    let retry_in_ms = delay.as_millis();
+    match error {
+        ConnectError::ExchangeNotFound { .. } => warn!(retry_in_ms, "{error}"),
+        ConnectError::Unavailable(_) => {
+            warn!(endpoint = %endpoint, error = %error, retry_in_ms, "cannot reach the broker; retrying");
+        }
     }
 }
 

@@ -277,7 +277,14 @@ async fn migrate_locked(
         .bind(reports.quoted())
         .fetch_one(&mut *conn)
         .await?;
-    if !reports_existed {
+    if reports_existed {
+        run_alone(
+            conn,
+            "upgrade report table",
+            crate::table::reports::upgrade_table_sql(&reports),
+        )
+        .await?;
+    } else {
         run_alone(
             conn,
             "create report table",

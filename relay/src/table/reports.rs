@@ -1,7 +1,8 @@
 //! Lag reports: what the relay pods tell the operator about the backlog.
 //!
 //! Every pod upserts one row `(relay, pod)` per report interval with its publish rate and
-//! total. Only the pod holding the relay's advisory lock measures the backlog, so N pods do not
+//! total, and the problem that keeps it from relaying, if any (so the operator can name it
+//! without reading the pod's logs). Only the pod holding the relay's advisory lock measures the backlog, so N pods do not
 //! run N counts; the count is capped so a huge backlog costs bounded time.
 
 use chrono::{DateTime, Utc};
@@ -21,9 +22,56 @@ pub fn create_table_sql(reports: &TableName) -> String {
            oldest_age_seconds double precision, \
            published_total bigint NOT NULL DEFAULT 0, \
            publish_rate double precision NOT NULL DEFAULT 0, \
+           problem_kind text, \
+           problem text, \
            PRIMARY KEY (relay, pod))",
         reports.quoted()
     )
+}
+
+/// Brings a report table made by an earlier version up to [`create_table_sql`]'s columns.
+pub fn upgrade_table_sql(reports: &TableName) -> String {
+    format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS problem_kind text, \
+         ADD COLUMN IF NOT EXISTS problem text",
+        reports.quoted()
+    )
+}
+
+/// What keeps a pod from relaying, as a code a program can act on; [`Problem::message`] says
+/// it to a person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProblemKind {
+    /// The exchange to publish to (or the dead-letter exchange) is missing on the broker.
+    ExchangeNotFound,
+    /// A code this version does not know, written by a newer relay; kept as written.
+    Other(String),
+}
+
+impl ProblemKind {
+    /// The code stored in the `problem_kind` column, usable as a Kubernetes condition reason.
+    pub fn code(&self) -> &str {
+        match self {
+            ProblemKind::ExchangeNotFound => "ExchangeNotFound",
+            ProblemKind::Other(code) => code,
+        }
+    }
+
+    pub fn from_code(code: &str) -> Self {
+        match code {
+            "ExchangeNotFound" => ProblemKind::ExchangeNotFound,
+            other => ProblemKind::Other(other.to_string()),
+        }
+    }
+}
+
+/// Why a pod cannot relay right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub kind: ProblemKind,
+    /// What to tell the user, e.g. `exchange orders does not exist on vhost /: declare it, or
+    /// pass --declare-exchange TYPE`. Never carries a password.
+    pub message: String,
 }
 
 /// The pending rows of a table, as measured now.
@@ -67,6 +115,17 @@ pub struct Report {
     pub backlog: Option<Backlog>,
     pub published_total: i64,
     pub publish_rate: f64,
+    /// What keeps the pod from relaying at the time of the report; None when it relays.
+    pub problem: Option<Problem>,
+}
+
+/// What [`upsert_report`] could store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    Everything,
+    /// The report table predates the problem columns (`outbox-relay migrate` adds them): the
+    /// rest of the report was stored, so the backlog and rates still reach the operator.
+    WithoutProblem,
 }
 
 /// Writes (or replaces) this pod's report. The backlog columns are only overwritten by the
@@ -75,26 +134,63 @@ pub async fn upsert_report(
     conn: &mut PgConnection,
     reports: &TableName,
     report: &Report,
+) -> Result<Stored, sqlx::Error> {
+    match write_report(conn, reports, report, true).await {
+        Err(e) if is_undefined_column(&e) => {
+            write_report(conn, reports, report, false).await?;
+            Ok(Stored::WithoutProblem)
+        }
+        written => written.map(|()| Stored::Everything),
+    }
+}
+
+async fn write_report(
+    conn: &mut PgConnection,
+    reports: &TableName,
+    report: &Report,
+    with_problem: bool,
 ) -> Result<(), sqlx::Error> {
+    let (columns, values, updates) = if with_problem {
+        (
+            ", problem_kind, problem",
+            ", $8, $9",
+            ", problem_kind = EXCLUDED.problem_kind, problem = EXCLUDED.problem",
+        )
+    } else {
+        ("", "", "")
+    };
     let sql = format!(
-        "INSERT INTO {} AS r (relay, pod, reported_at, backlog, backlog_capped, oldest_age_seconds, published_total, publish_rate) \
-         VALUES ($1, $2, now(), $3, $4, $5, $6, $7) \
+        "INSERT INTO {} AS r (relay, pod, reported_at, backlog, backlog_capped, oldest_age_seconds, published_total, publish_rate{columns}) \
+         VALUES ($1, $2, now(), $3, $4, $5, $6, $7{values}) \
          ON CONFLICT (relay, pod) DO UPDATE SET reported_at = now(), backlog = EXCLUDED.backlog, \
          backlog_capped = EXCLUDED.backlog_capped, oldest_age_seconds = EXCLUDED.oldest_age_seconds, \
-         published_total = EXCLUDED.published_total, publish_rate = EXCLUDED.publish_rate",
+         published_total = EXCLUDED.published_total, publish_rate = EXCLUDED.publish_rate{updates}",
         reports.quoted()
     );
-    sqlx::query(AssertSqlSafe(sql))
+    let mut query = sqlx::query(AssertSqlSafe(sql))
         .bind(&report.relay)
         .bind(&report.pod)
         .bind(report.backlog.map(|b| b.pending))
         .bind(report.backlog.is_some_and(|b| b.capped))
         .bind(report.backlog.and_then(|b| b.oldest_age_seconds))
         .bind(report.published_total)
-        .bind(report.publish_rate)
-        .execute(&mut *conn)
-        .await?;
+        .bind(report.publish_rate);
+    if with_problem {
+        let problem = report.problem.as_ref();
+        query = query
+            .bind(problem.map(|p| p.kind.code()))
+            .bind(problem.map(|p| p.message.as_str()));
+    }
+    query.execute(&mut *conn).await?;
     Ok(())
+}
+
+/// PostgreSQL's undefined_column (42703).
+fn is_undefined_column(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "42703")
 }
 
 /// Reports of one relay newer than `max_age_seconds`, newest first. Older rows belong to pods
@@ -114,9 +210,11 @@ pub async fn read_reports(
     .bind(max_age_seconds * 10.0)
     .execute(&mut *conn)
     .await?;
+    // The problem columns are read through to_jsonb, which yields NULL for a column the table
+    // lacks: a report table from before them (not migrated yet) still gives the lag.
     let rows: Vec<ReportRow> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT relay, pod, reported_at, backlog, backlog_capped, oldest_age_seconds, published_total, publish_rate \
-         FROM {t} WHERE relay = $1 AND reported_at >= now() - make_interval(secs => $2) ORDER BY reported_at DESC"
+        "SELECT relay, pod, reported_at, backlog, backlog_capped, oldest_age_seconds, published_total, publish_rate, \
+         to_jsonb(r) ->> 'problem_kind' AS problem_kind, to_jsonb(r) ->> 'problem' AS problem FROM {t} AS r WHERE relay = $1 AND reported_at >= now() - make_interval(secs => $2) ORDER BY reported_at DESC"
     )))
     .bind(relay)
     .bind(max_age_seconds)
@@ -136,6 +234,8 @@ struct ReportRow {
     oldest_age_seconds: Option<f64>,
     published_total: i64,
     publish_rate: f64,
+    problem_kind: Option<String>,
+    problem: Option<String>,
 }
 
 impl From<ReportRow> for Report {
@@ -151,6 +251,11 @@ impl From<ReportRow> for Report {
             reported_at: row.reported_at,
             published_total: row.published_total,
             publish_rate: row.publish_rate,
+            // A message without a kind cannot be written; a kind without one shows its code.
+            problem: row.problem_kind.map(|code| Problem {
+                message: row.problem.unwrap_or_else(|| code.clone()),
+                kind: ProblemKind::from_code(&code),
+            }),
         }
     }
 }
@@ -181,4 +286,32 @@ pub fn summarize(reports: &[Report]) -> RelayLag {
 /// Advisory lock key text for "who measures the backlog of this relay".
 pub fn measurer_lock_key(relay: &str) -> String {
     format!("outbox-relay:measure:{relay}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problem_kinds_survive_the_table_and_unknown_codes_are_kept() {
+        let known = ProblemKind::ExchangeNotFound;
+        assert_eq!(ProblemKind::from_code(known.code()), known);
+        let newer = ProblemKind::from_code("SomethingNew");
+        assert_eq!(newer, ProblemKind::Other("SomethingNew".into()));
+        assert_eq!(newer.code(), "SomethingNew");
+    }
+
+    #[test]
+    fn a_new_report_table_has_the_columns_the_upgrade_adds() {
+        let reports = TableName::parse("outbox_messages_reports").unwrap();
+        let created = create_table_sql(&reports);
+        let upgrade = upgrade_table_sql(&reports);
+        for column in ["problem_kind text", "problem text"] {
+            assert!(created.contains(column), "{created}");
+            assert!(
+                upgrade.contains(&format!("ADD COLUMN IF NOT EXISTS {column}")),
+                "{upgrade}"
+            );
+        }
+    }
 }

@@ -1,0 +1,360 @@
+//! An exchange that does not exist (issue 18, defect 2): the relay names it, backs off, settles
+//! nothing, says so on /readyz and in its report, and recovers by itself once it is declared.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lapin::ExchangeKind;
+use outbox_relay::broker::ConnectError;
+use outbox_relay::broker::amqp::{AmqpPublisher, AmqpSettings};
+use outbox_relay::secret_url::{SecretUrl, UrlKind};
+use outbox_relay::table::OutboxTable;
+use outbox_relay::table::ident::{Ident, TableName};
+use outbox_relay::table::reports::{
+    Problem, ProblemKind, Report, Stored, read_reports, upsert_report,
+};
+use outbox_tests::{broker, db, http, process, unique, wait};
+use sqlx::PgConnection;
+
+const ROWS: u64 = 40;
+
+fn missing_exchange_message(exchange: &str, vhost: &str) -> String {
+    format!(
+        "exchange {exchange} does not exist on vhost {vhost}: declare it, or pass --declare-exchange TYPE"
+    )
+}
+
+/// One relay's report, read the way the operator reads it.
+async fn report_of(table: &OutboxTable, relay: &str) -> Option<Report> {
+    read_reports(
+        &mut db::connect().await,
+        &table.reports_table(),
+        relay,
+        30.0,
+    )
+    .await
+    .expect("read the reports")
+    .into_iter()
+    .next()
+}
+
+/// The relay's log lines naming the missing exchange: when each was written, and the wait it
+/// announced before the next attempt.
+fn attempts_logged(log: &str, message: &str) -> Vec<(DateTime<Utc>, u64)> {
+    log.lines()
+        .filter(|line| line.contains(message))
+        .map(|line| {
+            let at = line.split_whitespace().next().expect("a timestamp");
+            let at = DateTime::parse_from_rfc3339(at)
+                .unwrap_or_else(|e| panic!("{at}: {e}"))
+                .with_timezone(&Utc);
+            let delay = line
+                .split("retry_in_ms=")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|ms| ms.parse().ok())
+                .unwrap_or_else(|| panic!("no retry_in_ms in {line}"));
+            (at, delay)
+        })
+        .collect()
+}
+
+/// Each attempt waited what it announced, and the waits grow as the backoff's do (100 ms × 2^n,
+/// at least half of that after jitter), so a missing exchange is no tight loop.
+fn assert_backed_off(attempts: &[(DateTime<Utc>, u64)], log: &str) {
+    for (n, pair) in attempts.windows(2).enumerate() {
+        let [(at, delay), (next_at, _)] = pair else {
+            unreachable!("windows of two")
+        };
+        assert!(
+            *delay >= 50 << n,
+            "attempt {n} waited only {delay} ms:\n{log}"
+        );
+        let waited = (*next_at - *at).num_milliseconds();
+        assert!(
+            waited >= *delay as i64,
+            "attempt {} came {waited} ms after attempt {n}, which announced {delay} ms:\n{log}",
+            n + 1
+        );
+    }
+}
+
+/// Rows that are processed, carry an error or spent an attempt.
+async fn touched_rows(conn: &mut PgConnection, table: &OutboxTable) -> i64 {
+    let c = &table.columns;
+    db::scalar_i64(
+        conn,
+        &format!(
+            "SELECT count(*) FROM {} WHERE {} IS NOT NULL OR {} IS NOT NULL OR {} <> 0",
+            table.name.quoted(),
+            c.processed_at.quoted(),
+            c.error.quoted(),
+            c.attempts.as_ref().expect("attempts mapped").quoted()
+        ),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_exchange_is_named_backed_off_and_reported_until_it_is_declared() {
+    let name = unique("noexchange");
+    let mut table = db::table(&name);
+    table.columns.attempts = Some(Ident::new("attempts").unwrap());
+    let mut conn = db::seeded_table(&table, ROWS).await;
+    outbox_relay::table::migrate::migrate(&mut conn, &table, &Default::default())
+        .await
+        .unwrap();
+    let exchange = unique("noexchange_x");
+    let args = process::run_args(
+        &name,
+        &exchange,
+        &[
+            "--relay-name",
+            &name,
+            "--workers",
+            "1",
+            "--attempts-column",
+            "attempts",
+        ],
+    );
+    let mut relay = process::spawn_relay(&name, &args);
+    let addr = wait::for_value(
+        "the relay logs its metrics address",
+        Duration::from_secs(20),
+        || async { http::metrics_addr(&relay.log_text()) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
+    let message = missing_exchange_message(&exchange, "/");
+
+    wait::until(
+        "/readyz answers 503 naming the missing exchange",
+        Duration::from_secs(20),
+        || async {
+            let (code, body) = http::get(&addr, "/readyz").await;
+            code == 503 && body.contains(&format!("not ready: {message}\n"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
+    let expected = Problem {
+        kind: ProblemKind::ExchangeNotFound,
+        message: message.clone(),
+    };
+    wait::until(
+        "the pod's report carries the problem",
+        Duration::from_secs(20),
+        || async {
+            report_of(&table, &name).await.and_then(|r| r.problem) == Some(expected.clone())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
+    assert_eq!(expected.kind.code(), "ExchangeNotFound");
+
+    // Six attempts take at least 50 + 100 + 200 + 400 + 800 ms of backoff.
+    let attempts = wait::for_value(
+        "six attempts to connect",
+        Duration::from_secs(30),
+        || async {
+            let attempts = attempts_logged(&relay.log_text(), &message);
+            (attempts.len() >= 6).then_some(attempts)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
+    let log = relay.log_text();
+    assert_backed_off(&attempts, &log);
+    assert!(!log.contains("cannot reach the broker"), "{log}");
+
+    // Nothing was claimed for good, marked or charged an attempt.
+    assert_eq!(db::pending(&mut conn, &table).await, ROWS as i64);
+    assert_eq!(touched_rows(&mut conn, &table).await, 0);
+
+    // Declaring the exchange is all it takes: the worker's next retry connects.
+    let consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
+    wait::until(
+        "/readyz answers 200 once the exchange exists",
+        Duration::from_secs(40),
+        || async { http::get(&addr, "/readyz").await.0 == 200 },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    assert_eq!(consumer.wait_for(ROWS, Duration::from_secs(30)).await, ROWS);
+    wait::until(
+        "the pod's report no longer carries a problem",
+        Duration::from_secs(20),
+        || async {
+            report_of(&table, &name)
+                .await
+                .is_some_and(|r| r.problem.is_none())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
+    let (_, body) = http::get(&addr, "/readyz").await;
+    assert!(!body.contains("not ready"), "{body}");
+
+    assert_eq!(relay.terminate(Duration::from_secs(20)).await, Some(0));
+    let log = relay.log_text();
+    let url = SecretUrl::parse(&outbox_tests::amqp_url(), UrlKind::Amqp).unwrap();
+    if let Some(password) = url.password() {
+        assert!(!log.contains(&format!(":{password}@")), "{log}");
+    }
+    consumer.close().await;
+}
+
+fn settings(exchange: &str, dead_letter_exchange: Option<String>) -> AmqpSettings {
+    AmqpSettings {
+        exchange: exchange.to_string(),
+        dead_letter_exchange,
+        confirms: true,
+        mandatory: false,
+        timeout: Duration::from_secs(10),
+        content_type: "application/json".into(),
+        connection_name: "exchange-not-found test".into(),
+        declare_exchange: None,
+    }
+}
+
+async fn connect(url: &str, settings: AmqpSettings) -> Result<AmqpPublisher, ConnectError> {
+    let url = SecretUrl::parse(url, UrlKind::Amqp).unwrap();
+    AmqpPublisher::connect(&url, settings).await
+}
+
+fn rabbitmqctl(args: &[&str]) {
+    let status = std::process::Command::new("rabbitmqctl")
+        .arg("-q")
+        .args(args)
+        .status()
+        .expect("rabbitmqctl must be installed");
+    assert!(status.success(), "rabbitmqctl {args:?}");
+}
+
+#[tokio::test]
+async fn connecting_names_the_missing_exchange_and_the_vhost_of_the_url() {
+    let missing = unique("missing_x");
+    let refused = connect(&outbox_tests::amqp_url(), settings(&missing, None))
+        .await
+        .err()
+        .expect("a missing exchange fails the connect");
+    assert_eq!(refused.to_string(), missing_exchange_message(&missing, "/"));
+
+    // The default exchange always exists; a missing dead-letter exchange is the one named.
+    let refused = connect(
+        &outbox_tests::amqp_url(),
+        settings("", Some(missing.clone())),
+    )
+    .await
+    .err()
+    .expect("a missing dead-letter exchange fails the connect");
+    assert!(
+        matches!(&refused, ConnectError::ExchangeNotFound { exchange, vhost } if *exchange == missing && vhost == "/"),
+        "{refused:?}"
+    );
+    let publisher = connect(&outbox_tests::amqp_url(), settings("", None))
+        .await
+        .expect("the default exchange needs no declaring");
+    outbox_relay::broker::Publisher::close(publisher).await;
+
+    let vhost = unique("vhost");
+    let vhost_for_setup = vhost.clone();
+    tokio::task::spawn_blocking(move || {
+        rabbitmqctl(&["add_vhost", &vhost_for_setup]);
+        rabbitmqctl(&[
+            "set_permissions",
+            "-p",
+            &vhost_for_setup,
+            "guest",
+            ".*",
+            ".*",
+            ".*",
+        ]);
+    })
+    .await
+    .unwrap();
+    let base = outbox_tests::amqp_url();
+    let on_vhost = format!("{}/{vhost}", base.rsplit_once('/').unwrap().0);
+    let refused = connect(&on_vhost, settings(&missing, None)).await;
+    let vhost_for_cleanup = vhost.clone();
+    tokio::task::spawn_blocking(move || rabbitmqctl(&["delete_vhost", &vhost_for_cleanup]))
+        .await
+        .unwrap();
+    let refused = refused.err().expect("a missing exchange fails the connect");
+    assert_eq!(
+        refused.to_string(),
+        missing_exchange_message(&missing, &vhost)
+    );
+}
+
+#[tokio::test]
+async fn a_report_table_from_before_the_problem_columns_keeps_working_and_migrate_adds_them() {
+    // Its own schema, so its report table is its own: the tests' other tables share one.
+    let schema = unique("legacy");
+    let mut conn = db::connect().await;
+    db::exec(&mut conn, &format!("CREATE SCHEMA {schema}")).await;
+    let table = OutboxTable::new(TableName::parse(&format!("{schema}.outbox")).unwrap());
+    outbox_relay::tools::seed::create_table(&mut conn, &table)
+        .await
+        .unwrap();
+    let reports = table.reports_table();
+    // The report table as earlier versions created it.
+    db::exec(
+        &mut conn,
+        &format!(
+            "CREATE TABLE {} (relay text NOT NULL, pod text NOT NULL, \
+             reported_at timestamptz NOT NULL DEFAULT now(), backlog bigint, \
+             backlog_capped boolean NOT NULL DEFAULT false, oldest_age_seconds double precision, \
+             published_total bigint NOT NULL DEFAULT 0, publish_rate double precision NOT NULL DEFAULT 0, \
+             PRIMARY KEY (relay, pod))",
+            reports.quoted()
+        ),
+    )
+    .await;
+    let problem = Problem {
+        kind: ProblemKind::ExchangeNotFound,
+        message: missing_exchange_message("orders", "/"),
+    };
+    let mut report = Report {
+        relay: "legacy".into(),
+        pod: "pod-a".into(),
+        reported_at: Utc::now(),
+        backlog: None,
+        published_total: 7,
+        publish_rate: 1.5,
+        problem: Some(problem.clone()),
+    };
+    let stored = upsert_report(&mut conn, &reports, &report).await.unwrap();
+    assert_eq!(stored, Stored::WithoutProblem);
+    let read = read_reports(&mut conn, &reports, "legacy", 30.0)
+        .await
+        .unwrap();
+    assert_eq!(read.len(), 1);
+    assert_eq!(
+        (read[0].published_total, read[0].problem.clone()),
+        (7, None)
+    );
+
+    outbox_relay::table::migrate::migrate(&mut conn, &table, &Default::default())
+        .await
+        .unwrap();
+    let stored = upsert_report(&mut conn, &reports, &report).await.unwrap();
+    assert_eq!(stored, Stored::Everything);
+    let read = read_reports(&mut conn, &reports, "legacy", 30.0)
+        .await
+        .unwrap();
+    assert_eq!(read[0].problem, Some(problem));
+
+    report.problem = None;
+    upsert_report(&mut conn, &reports, &report).await.unwrap();
+    let read = read_reports(&mut conn, &reports, "legacy", 30.0)
+        .await
+        .unwrap();
+    assert_eq!(read[0].problem, None, "a healthy report clears the problem");
+    db::exec(&mut conn, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}
