@@ -280,3 +280,38 @@ async fn with_no_fresh_report_the_backlog_is_unknown() {
     assert_eq!(lag.backlog, None);
     assert_eq!(lag.reporting_pods, 0);
 }
+
+#[tokio::test]
+async fn a_problem_the_pods_report_reaches_the_lag_with_the_pods_that_have_it() {
+    use outbox_relay::table::reports::{Problem, ProblemKind, Report, upsert_report};
+    let table = create_outbox_table().await;
+    migrated(migrate(&table).await);
+    let reports = plan_for(&table).table.reports_table();
+    let message =
+        "exchange orders does not exist on vhost /: declare it, or pass --declare-exchange TYPE";
+    for (pod, problem) in [("orders-b", true), ("orders-a", true), ("orders-c", false)] {
+        let report = Report {
+            relay: "shop/orders".into(),
+            pod: pod.into(),
+            reported_at: chrono::Utc::now(),
+            backlog: None,
+            published_total: 0,
+            publish_rate: 0.0,
+            problem: problem.then(|| Problem {
+                kind: ProblemKind::ExchangeNotFound,
+                message: message.into(),
+            }),
+        };
+        upsert_report(&mut connect().await, &reports, &report)
+            .await
+            .unwrap();
+    }
+    let lag = PostgresDatabase
+        .observe_lag(&url_with_canary(), &plan_for(&table), query(3))
+        .await
+        .unwrap();
+    let problem = lag.problem.expect("the pods' problem");
+    assert_eq!(problem.reason, "ExchangeNotFound");
+    assert_eq!(problem.message, message);
+    assert_eq!(problem.pods, vec!["orders-a", "orders-b"]);
+}

@@ -70,4 +70,17 @@ pub struct LagObservation {
     pub reporting_pods: usize,
     /// True when the operator counted the rows itself (no pod was running).
     pub measured_by_operator: bool,
+    /// What keeps pods from relaying, as their fresh reports say; `None` when they relay.
+    pub problem: Option<PodProblem>,
+}
+
+/// A problem relay pods reported (e.g. the exchange is missing on the broker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodProblem {
+    /// A condition reason: the relay's problem code, e.g. `ExchangeNotFound`.
+    pub reason: String,
+    /// The relay's own words, with the fix; never carries a password.
+    pub message: String,
+    /// The pods that report it, by name.
+    pub pods: Vec<String>,
 }

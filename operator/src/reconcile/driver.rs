@@ -23,11 +23,11 @@ use crate::reconcile::build::{build_deployment, report_name, selector_string};
 use crate::reconcile::context::Context;
 use crate::reconcile::dereference::dereference_secrets;
 use crate::reconcile::error::Error;
-use crate::reconcile::events::{self, announce_migration, announce_scaling};
+use crate::reconcile::events::{self, announce_migration, announce_pod_problem, announce_scaling};
 use crate::reconcile::migrate::{MigrationKey, MigrationOutcome, migrate_once};
 use crate::reconcile::observe::observe;
 use crate::reconcile::recommend::recommend_replicas;
-use crate::reconcile::status::{Observation, failed_status, healthy_status};
+use crate::reconcile::status::{Observation, failed_status, healthy_status, pod_problem_message};
 use crate::reconcile::validate::validate;
 
 /// base × 2^(failures−1), capped.
@@ -132,6 +132,8 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         scaling: &scale,
     };
     let status = healthy_status(relay.status.as_ref(), &observation, Timestamp::now());
+    let problem = scale.lag.as_ref().and_then(|lag| lag.problem.as_ref());
+    announce_pod_problem(&ctx.recorder, relay, problem, pod_problem_message).await;
     write_status(ctx, relay, &status).await?;
 
     Ok(match (&migration, &plan.scaling) {

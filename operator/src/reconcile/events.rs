@@ -5,7 +5,9 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder};
 use outbox_relay::table::migrate::{AUTOVACUUM_OFF_WARNING, IndexAction};
 
-use crate::crd::OutboxRelay;
+use crate::crd::{OutboxRelay, OutboxRelayStatus};
+use crate::reconcile::conditions::{self, READY};
+use crate::reconcile::database::PodProblem;
 use crate::reconcile::migrate::MigrationOutcome;
 use crate::reconcile::recommend::ScalingOutcome;
 
@@ -87,6 +89,31 @@ pub async fn announce_migration(
     };
     let note = report.lines().join("; ");
     publish(recorder, relay, type_, reason, "Migrate", note).await;
+}
+
+/// A Warning when pods start reporting a problem (Ready turns False with its reason); none
+/// while it goes on, so a long outage is one event, not one per reconcile.
+pub async fn announce_pod_problem(
+    recorder: &Recorder,
+    relay: &OutboxRelay,
+    problem: Option<&PodProblem>,
+    message: impl FnOnce(&PodProblem) -> String,
+) {
+    let Some(problem) = problem else {
+        return;
+    };
+    if !problem_started(relay.status.as_ref(), problem) {
+        return;
+    }
+    let note = message(problem);
+    let reason = problem.reason.as_str();
+    publish(recorder, relay, EventType::Warning, reason, "Observe", note).await;
+}
+
+/// Is `problem` new, i.e. was Ready not already False for this reason?
+pub fn problem_started(previous: Option<&OutboxRelayStatus>, problem: &PodProblem) -> bool {
+    let ready = previous.and_then(|status| conditions::find(&status.conditions, READY));
+    !ready.is_some_and(|c| c.status == "False" && c.reason == problem.reason)
 }
 
 fn truncate(mut text: String, max: usize) -> String {

@@ -11,6 +11,7 @@ use crate::reconcile::conditions::{
     self, ConditionStatus, DEGRADED, INDEX_READY, NewCondition, READY, SCALING_ACTIVE,
     SCALING_LIMITED, set_condition,
 };
+use crate::reconcile::database::PodProblem;
 use crate::reconcile::error::Error;
 use crate::reconcile::migrate::MigrationOutcome;
 use crate::reconcile::recommend::ScalingOutcome;
@@ -51,24 +52,47 @@ pub fn healthy_status(
     let index_ready = index.status == ConditionStatus::True;
     set_condition(&mut status.conditions, index, generation, now);
 
-    let ready = if !index_ready {
-        NewCondition::new(
-            READY,
-            false,
-            "MigrationPending",
-            format!("waiting for the migration of table {}", observed.table),
-        )
-    } else {
-        rollout_condition(observed)
+    let problem = observed
+        .scaling
+        .lag
+        .as_ref()
+        .and_then(|l| l.problem.as_ref());
+    let (ready, degraded) = match problem {
+        // The pods run but cannot relay: that outranks how far the rollout got.
+        Some(problem) => {
+            let message = pod_problem_message(problem);
+            (
+                NewCondition::new(READY, false, &problem.reason, message.clone()),
+                NewCondition::new(DEGRADED, true, &problem.reason, message),
+            )
+        }
+        None => {
+            let ready = if !index_ready {
+                NewCondition::new(
+                    READY,
+                    false,
+                    "MigrationPending",
+                    format!("waiting for the migration of table {}", observed.table),
+                )
+            } else {
+                rollout_condition(observed)
+            };
+            let fine = NewCondition::new(DEGRADED, false, "AsExpected", "no problems found");
+            (ready, fine)
+        }
     };
     set_condition(&mut status.conditions, ready, generation, now);
-    set_condition(
-        &mut status.conditions,
-        NewCondition::new(DEGRADED, false, "AsExpected", "no problems found"),
-        generation,
-        now,
-    );
+    set_condition(&mut status.conditions, degraded, generation, now);
     status
+}
+
+/// `pod orders-7f9c (1 of 1 reporting): exchange x does not exist on vhost /: declare it, ...`
+pub fn pod_problem_message(problem: &PodProblem) -> String {
+    let pods = match problem.pods.as_slice() {
+        [one] => format!("pod {one}"),
+        many => format!("{} pods ({})", many.len(), many.join(", ")),
+    };
+    format!("{pods} cannot relay: {}", problem.message)
 }
 
 /// Status after a pass that stopped at `error`, for errors the user can act on.

@@ -13,12 +13,14 @@ use outbox_relay::defaults::BACKLOG_CAP;
 use outbox_relay::secret_url::SecretUrl;
 use outbox_relay::table::inspect::{InspectError, inspect};
 use outbox_relay::table::migrate::{MigrateError, migrate};
-use outbox_relay::table::reports::{measure_backlog, read_reports, summarize};
+use outbox_relay::table::reports::{Report, measure_backlog, read_reports, summarize};
 use outbox_relay::table::sql::Statements;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 
-use crate::reconcile::database::{LagObservation, LagQuery, MigrationRun, RelayDatabase};
+use crate::reconcile::database::{
+    LagObservation, LagQuery, MigrationRun, PodProblem, RelayDatabase,
+};
 use crate::reconcile::error::Error;
 use crate::reconcile::validate::RelayPlan;
 
@@ -142,7 +144,47 @@ async fn read(
         publish_rate: lag.publish_rate,
         reporting_pods: lag.reporting_pods,
         measured_by_operator: false,
+        problem: pod_problem(&reports),
     })
+}
+
+/// The problem of the first pod (by name) that reports one, with every pod reporting the
+/// same kind. A code a newer relay wrote that is no valid condition reason is shown under a
+/// generic one, with its own words kept.
+fn pod_problem(reports: &[Report]) -> Option<PodProblem> {
+    let mut troubled: Vec<(&str, &outbox_relay::table::reports::Problem)> = reports
+        .iter()
+        .filter_map(|r| Some((r.pod.as_str(), r.problem.as_ref()?)))
+        .collect();
+    troubled.sort_by_key(|(pod, _)| *pod);
+    let (_, first) = troubled.first()?;
+    let pods = troubled
+        .iter()
+        .filter(|(_, problem)| problem.kind == first.kind)
+        .map(|(pod, _)| pod.to_string())
+        .collect();
+    let code = first.kind.code();
+    let reason = if is_condition_reason(code) {
+        code.to_string()
+    } else {
+        "RelayProblem".to_string()
+    };
+    Some(PodProblem {
+        reason,
+        message: first.message.clone(),
+        pods,
+    })
+}
+
+/// The API server's pattern for a condition reason: a letter, then letters, digits, `_`, `,`
+/// or `:`, not ending in `,` or `:`; at most 1024 characters.
+fn is_condition_reason(text: &str) -> bool {
+    let mut chars = text.chars();
+    let starts_with_letter = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+    let allowed = text
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ',' | ':'));
+    starts_with_letter && allowed && !text.ends_with([',', ':']) && text.len() <= 1024
 }
 
 async fn connect(database_url: &SecretUrl) -> Result<PgConnection, Error> {
@@ -214,6 +256,15 @@ mod tests {
         );
         assert!(!text.contains("Tr0ub4dor"), "{text}");
         assert!(text.contains("db:5432"), "{text}");
+    }
+
+    #[test]
+    fn only_valid_condition_reasons_pass_through() {
+        assert!(is_condition_reason("ExchangeNotFound"));
+        assert!(is_condition_reason("A_b:c"));
+        for bad in ["", "9Lives", "has space", "Ends:", "Bad-Dash"] {
+            assert!(!is_condition_reason(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -351,3 +351,68 @@ async fn bad_input_becomes_a_condition_naming_the_field_and_writes_nothing() {
         "a Secret value reached the logs:\n{logged}"
     );
 }
+
+/// What a pod reported as its problem, as the database reads it back.
+fn missing_exchange(pods: &[&str]) -> crate::reconcile::database::PodProblem {
+    crate::reconcile::database::PodProblem {
+        reason: "ExchangeNotFound".into(),
+        message: "exchange orders does not exist on vhost /: declare it, or pass \
+                  --declare-exchange TYPE"
+            .into(),
+        pods: pods.iter().map(|p| p.to_string()).collect(),
+    }
+}
+
+#[tokio::test]
+async fn pods_that_report_a_missing_exchange_make_the_relay_not_ready_with_an_event() {
+    let relay = orders_relay("outbox_messages");
+    let live = super::scenario::live_deployment(&relay, 1);
+    let outcome = Scenario::new(relay)
+        .migrated_before()
+        .database(|db| {
+            db.lag(|_| {
+                Ok(crate::reconcile::database::LagObservation {
+                    reporting_pods: 1,
+                    problem: Some(missing_exchange(&["orders-7f9c"])),
+                    ..Default::default()
+                })
+            })
+        })
+        .reads_secrets()
+        .finds_deployment(live)
+        .warning(
+            "ExchangeNotFound",
+            "pod orders-7f9c cannot relay: exchange orders does not exist",
+        )
+        .writes_status(|status| {
+            assert_conditions(
+                status,
+                &[
+                    (READY, "False", "ExchangeNotFound"),
+                    (DEGRADED, "True", "ExchangeNotFound"),
+                ],
+            );
+            let ready = message(status, READY);
+            assert!(ready.contains("--declare-exchange TYPE"), "{ready}");
+        })
+        .run()
+        .await;
+    // The pods run; nothing about the Deployment changes, and the reconcile itself succeeded.
+    assert!(outcome.result.is_ok());
+}
+
+#[test]
+fn a_pod_problem_is_announced_when_it_starts_not_while_it_lasts() {
+    use crate::reconcile::conditions::{NewCondition, set_condition};
+    use crate::reconcile::events::problem_started;
+    let problem = missing_exchange(&["orders-7f9c"]);
+    let mut status = crate::OutboxRelayStatus::default();
+    assert!(problem_started(None, &problem));
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let available = NewCondition::new(READY, true, "Available", "1 of 1 relay pods ready");
+    set_condition(&mut status.conditions, available, Some(1), now);
+    assert!(problem_started(Some(&status), &problem));
+    let blocked = NewCondition::new(READY, false, "ExchangeNotFound", "pod orders-7f9c ...");
+    set_condition(&mut status.conditions, blocked, Some(1), now);
+    assert!(!problem_started(Some(&status), &problem));
+}
