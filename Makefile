@@ -38,7 +38,7 @@ test-rust:
 	$(CARGO) build --workspace --all-targets --release
 	$(CARGO) test --workspace --release -- --test-threads=4
 
-## lint: formatting, clippy with warnings denied, and no import circle between the relay's modules.
+## lint: formatting, clippy with warnings denied, and no import circle between either crate's modules.
 lint: module-check
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
