@@ -195,12 +195,12 @@ pub struct BrokerSpec {
     pub url_secret_ref: SecretKeyRef,
     /// Exchange to publish to; "" is the default exchange.
     #[serde(default = "defaults::exchange")]
-    #[schemars(length(max = 255))]
+    #[schemars(length(max = AMQP_SHORT_STRING_MAX))]
     pub exchange: String,
     /// One static routing key for every message. Absent: the routing-key column when it is
     /// mapped, else the row's type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 255))]
+    #[schemars(length(max = AMQP_SHORT_STRING_MAX))]
     pub routing_key: Option<String>,
     /// Wait for broker confirms before marking rows. Turning this off is allowed but UNSAFE:
     /// rows are marked even when the broker lost the message.
@@ -212,12 +212,13 @@ pub struct BrokerSpec {
     pub mandatory: bool,
     /// Exchange that receives messages dead-lettered after maxAttempts rejections.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 255))]
+    #[schemars(length(max = AMQP_SHORT_STRING_MAX))]
     pub dead_letter_exchange: Option<String>,
 }
 
 // The relay's own types: one definition of each mode, whatever reads it (flag, YAML, CRD).
 pub use outbox_relay::config::LogFormat;
+use outbox_relay::defaults::AMQP_SHORT_STRING_MAX;
 pub use outbox_relay::table::outbox::DeliveryMode;
 
 /// When the kubelet pulls the relay image.
