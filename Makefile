@@ -5,10 +5,22 @@ CACHE := $(CURDIR)/.cache
 # Cargo's output: target/ in the clone unless CARGO_TARGET_DIR says otherwise (CI keeps it under
 # $HOME so a fresh clone reuses the last build).
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+# On x86_64 Linux every make build is static (glibc static-pie): the same binaries serve the tests
+# and the FROM scratch image, which has no libc to load; one build, since CI time matters. Naming
+# the target keeps the build scripts and proc macros dynamic (they cannot be static) and puts the
+# output under <target dir>/x86_64-unknown-linux-gnu/. A plain `cargo build` stays as usual.
+HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+ifeq ($(HOST_TRIPLE),x86_64-unknown-linux-gnu)
+export CARGO_BUILD_TARGET ?= x86_64-unknown-linux-gnu
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS ?= -C target-feature=+crt-static
+BIN_DIR := $(TARGET_DIR)/x86_64-unknown-linux-gnu/release
+else
+BIN_DIR := $(TARGET_DIR)/release
+endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: all build release demo test test-rust lint module-check fuzz services control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
+.PHONY: all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
 
 all: build
 
@@ -21,13 +33,17 @@ release:
 services:
 	./scripts/services.sh
 
+## image-tools: buildah, umoci and runc from Debian's packages, when missing.
+image-tools:
+	./scripts/image-tools.sh
+
 ## demo: seed 1,000,000 rows into a local table and relay them to RabbitMQ, with live progress.
 demo: services release
-	./scripts/demo.sh
+	RELAY='$(BIN_DIR)/outbox-relay' ./scripts/demo.sh
 
 ## test: everything CI runs: the control plane's build first (it says at once when Go is
 ## missing), then lint, the tests, the chart check, the smoke runs and the fuzz run.
-test: control-plane services lint test-rust chart-check bench-smoke chaos-smoke fuzz
+test: control-plane services image-tools lint test-rust chart-check bench-smoke chaos-smoke fuzz
 
 ## control-plane: build etcd, kube-apiserver, kube-controller-manager and kubectl for the tests
 ## (once; cached under ~/.cache/outbox-relay/control-plane, keyed by its inputs).
@@ -61,17 +77,17 @@ chart-check:
 	./scripts/chart-check.sh
 
 bench: services release
-	$(TARGET_DIR)/release/outbox-bench $(BENCH_ARGS)
+	$(BIN_DIR)/outbox-bench $(BENCH_ARGS)
 
 bench-smoke: services release
-	$(TARGET_DIR)/release/outbox-bench --smoke
+	$(BIN_DIR)/outbox-bench --smoke
 
 chaos: services release
-	$(TARGET_DIR)/release/outbox-chaos $(CHAOS_ARGS)
+	$(BIN_DIR)/outbox-chaos $(CHAOS_ARGS)
 
 ## chaos-smoke: a seconds-long chaos run.
 chaos-smoke: services release
-	$(TARGET_DIR)/release/outbox-chaos --smoke
+	$(BIN_DIR)/outbox-chaos --smoke
 
 ## fuzz: a longer property-based fuzz of the parsers than the unit tests run.
 fuzz:
@@ -90,7 +106,7 @@ CLUSTER_BIN ?=
 ## cluster: a local control plane with the operator installed, in the background; prints
 ## KUBECONFIG=… and where kubectl and helm are. cluster-down stops it.
 cluster: control-plane services $(if $(CLUSTER_BIN),,cluster-release)
-	@CLUSTER_DIR='$(CLUSTER_DIR)' CLUSTER_BIN='$(or $(CLUSTER_BIN),$(TARGET_DIR)/release/outbox-cluster)' \
+	@CLUSTER_DIR='$(CLUSTER_DIR)' CLUSTER_BIN='$(or $(CLUSTER_BIN),$(BIN_DIR)/outbox-cluster)' \
 		./scripts/cluster.sh up
 
 cluster-down:
@@ -99,5 +115,7 @@ cluster-down:
 cluster-release:
 	$(CARGO) build --release -p outbox-relay -p outbox-operator -p outbox-tests --bins
 
-image:
-	./scripts/image.sh
+## image: the release image (FROM scratch, both static binaries) as an OCI layout and archive
+## under .cache/image; with docker or podman when one works, else daemonless with buildah.
+image: release image-tools
+	BIN_DIR='$(BIN_DIR)' ./scripts/image.sh

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 ROWS=${ROWS:-1000000}
 TABLE=${TABLE:-demo_outbox}
 WORKERS=${WORKERS:-4}
-RELAY=./target/release/outbox-relay
+RELAY="${RELAY:-./target/release/outbox-relay}"
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 

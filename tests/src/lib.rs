@@ -10,11 +10,17 @@ pub mod helm;
 pub mod history;
 pub mod http;
 pub mod node_agent;
+pub mod oci;
 pub mod process;
 pub mod proxy;
 pub mod scaling_recorder;
 pub mod timeline;
 pub mod wait;
+
+/// The repository's root folder (this crate sits in `tests/`).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
 
 /// A short unique suffix for table, exchange and queue names, so tests never share data.
 pub fn unique(prefix: &str) -> String {
