@@ -59,6 +59,10 @@ impl TestCluster {
         install_chart(plane, &namespace, &[]).expect("helm install the operator chart");
         let client = plane.admin_client().await.expect("an admin client");
         create_connection_secrets(&client, &namespace).await;
+        let node = NodeAgentConfig {
+            api_server: node.api_server.or_else(|| Some(plane.server.clone())),
+            ..node
+        };
         let node = NodeAgent::start(client.clone(), &namespace, node)
             .await
             .expect("the node agent starts");
@@ -207,11 +211,16 @@ pub fn install_chart(
 }
 
 /// `helm install` of the chart into `namespace` as the README's first command does: watching
-/// every namespace (a ClusterRole), with zero operator pods (the operator runs as a process).
-pub fn install_chart_cluster_wide(plane: &ControlPlane, namespace: &str) -> anyhow::Result<String> {
+/// every namespace (a ClusterRole), with `operator_pods` operator pods (0 when the operator
+/// runs as a process).
+pub fn install_chart_cluster_wide(
+    plane: &ControlPlane,
+    namespace: &str,
+    operator_pods: u32,
+) -> anyhow::Result<String> {
     let set = [
         format!("fullnameOverride={OPERATOR_NAME}"),
-        "replicaCount=0".to_string(),
+        format!("replicaCount={operator_pods}"),
     ];
     helm::install(plane, OPERATOR_NAME, namespace, &set)
 }

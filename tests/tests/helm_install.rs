@@ -62,7 +62,7 @@ async fn cluster_wide_install_reconciles_every_namespace_upgrades_and_uninstalls
     let release = OPERATOR_NAME;
     let chart = helm::chart_dir();
     let chart = chart.to_str().unwrap();
-    install_chart_cluster_wide(&plane, &system).expect("helm install, cluster-wide");
+    install_chart_cluster_wide(&plane, &system, 0).expect("helm install, cluster-wide");
     let roles = plane
         .kubectl_ok(&["get", "clusterrole,clusterrolebinding", "-o", "name"])
         .unwrap();

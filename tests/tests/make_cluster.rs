@@ -15,6 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use lapin::ExchangeKind;
+use outbox_tests::node_agent::{NodeAgentConfig, PodRuntime};
 use outbox_tests::{broker, db, process, unique};
 
 /// Longest a make target may take: the start includes the chart's `helm install --wait`.
@@ -257,6 +258,47 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
         .collect();
     assert_eq!(row.get(..2), Some(&["orders", "True"][..]), "{shown}");
 
+    // With runc, the operator is the chart's own pod, as shipped: ready, confined as its
+    // securityContext says, on in-cluster credentials; and the real-cluster suite passes here.
+    if NodeAgentConfig::default().runtime == PodRuntime::Containers {
+        let pods = run(
+            &[
+                "get",
+                "pods",
+                "-n",
+                "outbox-relay-system",
+                "-o",
+                "jsonpath={.items[*].status.containerStatuses[*].ready}",
+            ],
+            "",
+        );
+        assert_eq!(pods.trim(), "true", "the operator pod is not ready: {pods}");
+        let e2e =
+            tokio::process::Command::new(outbox_tests::repo_root().join("scripts/e2e-cluster.sh"))
+                .env("KUBECONFIG", &kubeconfig)
+                .env("E2E_DATABASE_URL", outbox_tests::database_url())
+                .env("E2E_AMQP_URL", outbox_tests::amqp_url())
+                .env("E2E_TIMEOUT", "120")
+                .env(
+                    "PATH",
+                    format!(
+                        "{}:{}",
+                        kubectl_path.parent().unwrap().display(),
+                        std::env::var("PATH").unwrap_or_default()
+                    ),
+                )
+                .stdin(Stdio::null())
+                .output()
+                .await
+                .expect("run scripts/e2e-cluster.sh");
+        let said = String::from_utf8_lossy(&e2e.stdout).into_owned()
+            + &String::from_utf8_lossy(&e2e.stderr);
+        assert!(
+            e2e.status.success() && said.contains("e2e-cluster: passed"),
+            "{said}"
+        );
+    }
+
     // Every part of the cluster is a descendant of the one outbox-cluster process.
     let cluster = dir
         .pid()
@@ -268,6 +310,21 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
             tree.iter().any(|p| p.program == program),
             "no {program} under outbox-cluster: {tree:?}"
         );
+    }
+    if NodeAgentConfig::default().runtime == PodRuntime::Containers {
+        // The operator's and the relays' processes run as the pods' user, not as root.
+        for proc in tree
+            .iter()
+            .filter(|p| p.program.starts_with("outbox-") && p.program != "outbox-cluster")
+        {
+            let status =
+                std::fs::read_to_string(format!("/proc/{}/status", proc.pid)).unwrap_or_default();
+            let uid = status
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .unwrap_or_default();
+            assert!(uid.contains("65532"), "{} runs as {uid}", proc.program);
+        }
     }
 
     let (ok, stdout, stderr) = make("cluster-down", &dir.0).await;

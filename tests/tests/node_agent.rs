@@ -16,8 +16,8 @@ use outbox_operator::reconcile::build::{BuildSettings, build_deployment};
 use outbox_operator::reconcile::validate::validate;
 use outbox_tests::cluster::{create_connection_secrets, relay_spec};
 use outbox_tests::control_plane::ControlPlane;
-use outbox_tests::node_agent::{NodeAgent, NodeAgentConfig};
-use outbox_tests::{broker, db, process, unique};
+use outbox_tests::node_agent::{NodeAgent, NodeAgentConfig, PodRuntime};
+use outbox_tests::{broker, db, oci, process, unique};
 use serde_json::json;
 
 /// The relay's Deployment as the operator would apply it, with `batch_size` in its template.
@@ -103,6 +103,19 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
             .find(|c| c.type_ == "Ready")
             .map(|c| c.status.as_str());
         assert_eq!(ready, Some("True"), "{}", pod.name_any());
+    }
+    // With runc, each pod is a container of the image under the security context the operator
+    // wrote into the pod spec, as the kernel reports it.
+    if NodeAgentConfig::default().runtime == PodRuntime::Containers {
+        for pod in &pods {
+            let id = agent
+                .container_of(&pod.name_any())
+                .expect("the pod's container");
+            let seen = outbox_tests::oci::confinement_of(&id).expect("its process runs");
+            assert_eq!((seen.uid, seen.gid), (oci::NON_ROOT, oci::NON_ROOT));
+            assert_eq!(seen.effective_capabilities, "0000000000000000");
+            assert!(seen.no_new_privileges && seen.read_only_root, "{seen:?}");
+        }
     }
     let drained = process::eventually(Duration::from_secs(120), || async {
         db::pending(&mut db::connect().await, &table).await == 0

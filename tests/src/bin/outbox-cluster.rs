@@ -2,16 +2,20 @@
 //! cluster.
 //!
 //! It starts the tests' real control plane (etcd, kube-apiserver, kube-controller-manager) with
-//! its files under `--dir`, `helm install`s the operator chart cluster-wide (with zero operator
-//! pods), runs the operator as a process with a token of the chart's ServiceAccount, and runs a
-//! node agent that takes the pods of every namespace and runs them as local processes of the
-//! `outbox-relay` built next to this binary, so relay pods reach the PostgreSQL and RabbitMQ on
-//! 127.0.0.1. Once all of that is up it writes `<dir>/kubeconfig` and prints
+//! its files under `--dir`, runs a node agent that takes the pods of every namespace and runs
+//! them as runc containers of the image built from the binaries next to this one (with the
+//! host's network, so pods reach the PostgreSQL and RabbitMQ on 127.0.0.1), and `helm
+//! install`s the operator chart cluster-wide, as shipped: the chart's own operator Deployment
+//! runs as a container with in-cluster credentials (the projected ServiceAccount token and CA,
+//! `KUBERNETES_SERVICE_HOST`/`PORT`), as a kubelet would run it. Where runc cannot run, the
+//! pods are local processes and the operator runs as a process with a token of the chart's
+//! ServiceAccount instead. Once all of that is up it writes `<dir>/kubeconfig` and prints
 //! `KUBECONFIG=<path>` and where `kubectl` and `helm` are, then stays in the foreground until
 //! SIGTERM or SIGINT: the operator gets SIGTERM, the relays SIGTERM and their grace period, and
 //! the control plane stops.
 //!
-//! Every process it starts dies with it, even on `kill -9` (`PR_SET_PDEATHSIG`).
+//! Every process it starts dies with it, even on `kill -9` (`PR_SET_PDEATHSIG`, and for the
+//! containers the reaper of `outbox_tests::oci`).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -20,9 +24,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use outbox_tests::cluster::{OperatorProcess, install_chart_cluster_wide};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use outbox_tests::cluster::{OPERATOR_NAME, OperatorProcess, install_chart_cluster_wide};
 use outbox_tests::control_plane::ControlPlane;
-use outbox_tests::node_agent::{NodeAgent, NodeAgentConfig};
+use outbox_tests::node_agent::{NodeAgent, NodeAgentConfig, PodRuntime};
 use outbox_tests::{helm, http, process};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -73,7 +80,37 @@ impl Files {
 struct Cluster {
     plane: ControlPlane,
     node: NodeAgent,
-    operator: OperatorProcess,
+    operator: Operator,
+}
+
+/// Where the operator runs.
+enum Operator {
+    /// The chart's Deployment, its pod a container on the node agent.
+    Pod(Api<Deployment>),
+    /// A process with a token of the chart's ServiceAccount (where runc cannot run).
+    Process(OperatorProcess),
+}
+
+impl Operator {
+    /// Stops the operator before the relays, so it does not react to their pods going away.
+    async fn stop(self, node: &NodeAgent) {
+        match self {
+            Operator::Process(process) => process.stop().await,
+            Operator::Pod(deployments) => {
+                let scale = serde_json::json!({"spec": {"replicas": 0}});
+                let params = PatchParams::default();
+                let _ = deployments
+                    .patch(OPERATOR_NAME, &params, &Patch::Merge(&scale))
+                    .await;
+                let started = Instant::now();
+                while !node.running_pods(OPERATOR_NAME).is_empty()
+                    && started.elapsed() < OPERATOR_READY_TIMEOUT
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -168,7 +205,7 @@ async fn run(files: &Files, exit_with: Option<u32>) -> anyhow::Result<()> {
     }
     // The operator first, so it does not react to the pods going away; then the relays, each
     // with SIGTERM and its grace period; the control plane last.
-    cluster.operator.stop().await;
+    cluster.operator.stop(&cluster.node).await;
     cluster.node.shutdown().await;
     drop(cluster.plane);
     Ok(())
@@ -184,22 +221,49 @@ async fn start(files: &Files) -> anyhow::Result<Cluster> {
         let plane = ControlPlane::start_in(&plane_dir)?;
         eprintln!("outbox-cluster: API server ready at {}", plane.server);
         plane.create_namespace(RELEASE_NAMESPACE)?;
-        install_chart_cluster_wide(&plane, RELEASE_NAMESPACE).context("helm install")?;
-        eprintln!(
-            "outbox-cluster: chart installed in {RELEASE_NAMESPACE}, watching every namespace"
-        );
         Ok(plane)
     })
     .await??;
+    let plane = std::sync::Arc::new(plane);
     let client = plane.admin_client().await?;
-    let node = NodeAgent::start_all_namespaces(client, NODE, NodeAgentConfig::default()).await?;
-    eprintln!("outbox-cluster: node {NODE} runs the pods of every namespace");
-    let operator = OperatorProcess::start(&plane, RELEASE_NAMESPACE, "", "operator", &[]).await?;
-    wait_operator_ready(&operator).await?;
-    eprintln!(
-        "outbox-cluster: operator running (log {})",
-        operator.log.display()
-    );
+    let config = NodeAgentConfig {
+        api_server: Some(plane.server.clone()),
+        ..NodeAgentConfig::default()
+    };
+    let runtime = config.runtime;
+    let node = NodeAgent::start_all_namespaces(client.clone(), NODE, config).await?;
+    let how = match runtime {
+        PodRuntime::Containers => "as runc containers of the image",
+        PodRuntime::Processes => "as local processes (runc cannot run here)",
+    };
+    eprintln!("outbox-cluster: node {NODE} runs the pods of every namespace {how}");
+    // With containers the chart runs its own operator pod; helm's --wait sees it ready.
+    let operator_pods = u32::from(runtime == PodRuntime::Containers);
+    let installing = plane.clone();
+    tokio::task::spawn_blocking(move || {
+        install_chart_cluster_wide(&installing, RELEASE_NAMESPACE, operator_pods)
+    })
+    .await?
+    .context("helm install")?;
+    eprintln!("outbox-cluster: chart installed in {RELEASE_NAMESPACE}, watching every namespace");
+    let operator = match runtime {
+        PodRuntime::Containers => {
+            eprintln!("outbox-cluster: the chart's operator pod is ready");
+            Operator::Pod(Api::namespaced(client, RELEASE_NAMESPACE))
+        }
+        PodRuntime::Processes => {
+            let process =
+                OperatorProcess::start(&plane, RELEASE_NAMESPACE, "", "operator", &[]).await?;
+            wait_operator_ready(&process).await?;
+            eprintln!(
+                "outbox-cluster: operator running (log {})",
+                process.log.display()
+            );
+            Operator::Process(process)
+        }
+    };
+    let plane = std::sync::Arc::try_unwrap(plane)
+        .map_err(|_| anyhow::anyhow!("the control plane is still shared"))?;
 
     // Written last and renamed into place, so its presence means everything is up.
     let staged = files.dir.join("kubeconfig.tmp");

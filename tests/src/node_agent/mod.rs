@@ -1,24 +1,32 @@
 //! A node agent for the real control plane: what a kubelet does, as far as the operator's tests
-//! need it, with each container run as a local process of the binaries built next to the tests.
+//! need it, with each container run by runc from the project's image (a local process of the
+//! binary the image path names is the fallback where runc cannot run, see [`PodRuntime`]).
 //!
 //! - It registers a Node (Ready) and binds the namespace's unscheduled Pods to it through the
 //!   `pods/binding` subresource, as kube-scheduler would (there is one node per test namespace;
 //!   `make cluster` runs one node for every namespace, [`NodeAgent::start_all_namespaces`]).
-//! - It runs each Pod's first container: command and args as the pod spec says (the image's
-//!   `/usr/local/bin/outbox-relay` is the release build), env resolved from values, Secrets and
-//!   fields, declared ports mapped to free loopback ports (pods share the host's network).
+//! - It runs each Pod's first container: command and args as the pod spec says, env resolved
+//!   from values, Secrets and fields, the security context (user, runAsNonRoot, read-only
+//!   root, no privilege escalation, capabilities), volumes (Secret, ConfigMap, emptyDir and the
+//!   projected ServiceAccount token, CA and namespace, with `KUBERNETES_SERVICE_HOST`/`PORT`,
+//!   so a pod reaches the API server with in-cluster credentials). Every pod uses the image
+//!   built from this build's binaries, whatever image its spec names.
+//! - Pods share the host's network (no CNI here): each declared port is mapped to a free
+//!   loopback port, and listen addresses on it in args and env are rewritten to match, so two
+//!   pods of one Deployment never collide; probes use the mapped port.
 //! - It runs the readiness probe (httpGet) and writes the Pod's status: phase, conditions,
 //!   container status with restarts; a process that exits is restarted after `restart_delay`.
 //! - When a Pod is deleted it sends SIGTERM, waits the grace period, SIGKILLs, and removes the
 //!   Pod with a zero grace period, as a kubelet finishes a deletion.
 //!
 //! Deployments, ReplicaSets and garbage collection are the real controllers'. What is not
-//! modelled: images (the binaries are local), volumes, init containers, more than one
-//! container, liveness probes, resource limits.
+//! modelled: pulling images, init containers, more than one container, liveness probes,
+//! resource limits.
 
 mod container;
 mod env;
 mod status;
+mod volumes;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,7 +43,8 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use container::{PortMap, Process};
+pub use container::PodRuntime;
+use container::{Launch, PortMap, Process};
 use status::ContainerState;
 
 #[derive(Debug, Clone)]
@@ -45,6 +54,9 @@ pub struct NodeAgentConfig {
     /// Longest wait between readiness probes (a pod's own period is used when shorter), so
     /// tests see readiness at test speed.
     pub max_probe_period: Duration,
+    pub runtime: PodRuntime,
+    /// The API server's URL, announced to containers as `KUBERNETES_SERVICE_HOST`/`PORT`.
+    pub api_server: Option<String>,
 }
 
 impl Default for NodeAgentConfig {
@@ -52,6 +64,8 @@ impl Default for NodeAgentConfig {
         Self {
             restart_delay: Duration::from_secs(1),
             max_probe_period: Duration::from_millis(500),
+            runtime: PodRuntime::detect(),
+            api_server: None,
         }
     }
 }
@@ -77,6 +91,8 @@ struct Shared {
     held_down: Vec<String>,
     /// Pods to SIGKILL on the next sync.
     kill: Vec<String>,
+    /// The runc container of each pod (by name) started last, with the containers runtime.
+    containers: BTreeMap<String, String>,
 }
 
 /// The running node agent; its processes are killed when it is dropped.
@@ -165,6 +181,11 @@ impl NodeAgent {
             .get(deployment)
             .map(|pods| pods.iter().map(|(name, _)| name.clone()).collect())
             .unwrap_or_default()
+    }
+
+    /// The runc container id of pod `pod`'s latest start (containers runtime only).
+    pub fn container_of(&self, pod: &str) -> Option<String> {
+        self.shared.lock().unwrap().containers.get(pod).cloned()
     }
 
     /// Pod-count changes so far, oldest first.
@@ -312,7 +333,7 @@ impl Agent {
         for run in self.runs.values_mut() {
             if let Some(process) = run.process.take() {
                 terminations.push(tokio::spawn(async move {
-                    container::terminate(process.child, Duration::from_secs(20)).await;
+                    process.terminate(Duration::from_secs(20)).await;
                 }));
             }
         }
@@ -381,7 +402,7 @@ impl Agent {
                 let pods = pods.clone();
                 terminations.push(tokio::spawn(async move {
                     if let Some(process) = process {
-                        container::terminate(process.child, Duration::from_secs(grace)).await;
+                        process.terminate(Duration::from_secs(grace)).await;
                     }
                     // The kubelet's last word on a deleted pod: remove it for good.
                     let params = DeleteParams {
@@ -407,13 +428,13 @@ impl Agent {
         let (kill, held_down) = kill_now;
         let run = self.runs.get_mut(&uid).expect("inserted above");
         if kill && let Some(process) = run.process.as_mut() {
-            let _ = process.child.start_kill();
+            process.kill();
         }
         // A process that exited: note it, restart it after the delay (restartPolicy Always).
         if let Some(process) = run.process.as_mut()
-            && let Some(status) = process.child.try_wait()?
+            && let Some(code) = process.try_exit()?
         {
-            run.last_exit = Some((status.code().unwrap_or(137), chrono::Utc::now()));
+            run.last_exit = Some((code, chrono::Utc::now()));
             run.exited_at = Some(Instant::now());
             run.process = None;
         }
@@ -430,10 +451,35 @@ impl Agent {
             )
             .await
             {
-                Ok(env) => {
+                Ok(mut env) => {
                     run.config_error = None;
-                    match container::start(&container, &env, &run.ports, &run.log) {
+                    let runtime = self.config.runtime;
+                    let mounts = match runtime {
+                        PodRuntime::Containers => {
+                            env.extend(service_env(self.config.api_server.as_deref()));
+                            let dir = volumes_dir(&uid);
+                            volumes::materialize(&self.client, pod, &container, &dir).await
+                        }
+                        PodRuntime::Processes => Ok(Vec::new()),
+                    };
+                    let id = crate::unique(&name);
+                    let started = mounts.and_then(|mounts| {
+                        let launch = Launch {
+                            env: &env,
+                            ports: &run.ports,
+                            log: &run.log,
+                            pod_security: spec.security_context.as_ref(),
+                            mounts,
+                            id: id.clone(),
+                        };
+                        container::start(runtime, &container, &launch)
+                    });
+                    match started {
                         Ok(process) => {
+                            if runtime == PodRuntime::Containers {
+                                let mut shared = self.shared.lock().unwrap();
+                                shared.containers.insert(name.clone(), id);
+                            }
                             if run.ran {
                                 run.restarts += 1;
                             }
@@ -528,7 +574,13 @@ impl Agent {
     /// are killed (dropping the child kills it).
     fn forget_vanished_pods(&mut self) {
         let live: Vec<String> = self.store.state().iter().filter_map(|p| p.uid()).collect();
-        self.runs.retain(|uid, _| live.contains(uid));
+        self.runs.retain(|uid, _| {
+            let keep = live.contains(uid);
+            if !keep {
+                let _ = std::fs::remove_dir_all(volumes_dir(uid));
+            }
+            keep
+        });
     }
 
     /// Publishes the live pods per Deployment and records changed counts.
@@ -568,6 +620,28 @@ impl Agent {
         }
         shared.running = running;
     }
+}
+
+/// Where a pod's volumes are written.
+fn volumes_dir(pod_uid: &str) -> PathBuf {
+    crate::process::target_dir()
+        .join("pod-volumes")
+        .join(pod_uid)
+}
+
+/// What a kubelet tells every container about the `kubernetes` Service; here the API server's
+/// own loopback address, since pods share the host's network.
+fn service_env(api_server: Option<&str>) -> Vec<(String, String)> {
+    let Some(host_port) = api_server.and_then(|url| url.strip_prefix("https://")) else {
+        return Vec::new();
+    };
+    let Some((host, port)) = host_port.trim_end_matches('/').rsplit_once(':') else {
+        return Vec::new();
+    };
+    vec![
+        ("KUBERNETES_SERVICE_HOST".into(), host.into()),
+        ("KUBERNETES_SERVICE_PORT".into(), port.into()),
+    ]
 }
 
 /// The Deployment a ReplicaSet's pod belongs to: the ReplicaSet's name less its
