@@ -91,7 +91,7 @@ pub async fn wait_until_drained_in(
     table: &OutboxTable,
     timeout: std::time::Duration,
 ) -> bool {
-    crate::process::eventually(timeout, || {
+    crate::wait::holds("the table is drained", timeout, || {
         let table = table.clone();
         async move {
             let mut conn = PgConnection::connect(database_url)

@@ -181,21 +181,3 @@ pub fn output_with_stdin(
     writer.join().expect("the stdin writer does not panic")?;
     Ok(output)
 }
-
-/// Polls `check` every 100 ms until it returns true or the timeout passes.
-pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}

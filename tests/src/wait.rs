@@ -15,6 +15,23 @@ pub struct TimedOut {
     pub after: Duration,
 }
 
+/// [`until`] for callers that decide what a timeout means themselves (an assertion with its
+/// own context, a tool's own message): true once `check` holds; false after `timeout`, having
+/// said on stderr what it waited for, so the failure that follows is explained.
+pub async fn holds<F, Fut>(what: &str, timeout: Duration, check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    match until(what, timeout, check).await {
+        Ok(()) => true,
+        Err(timed_out) => {
+            eprintln!("{timed_out}");
+            false
+        }
+    }
+}
+
 /// Polls `check` until it returns true; `Err` names `what` once `timeout` has passed.
 pub async fn until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<(), TimedOut>
 where

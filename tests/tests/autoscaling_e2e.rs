@@ -81,13 +81,17 @@ impl Scenario {
 
     /// Waits until the table has no pending row and the consumer saw every id.
     async fn assert_drained_and_delivered(&self, timeout: Duration) {
-        let drained = process::eventually(timeout, || async { self.pending().await == 0 }).await;
-        assert!(drained, "{} rows still pending", self.pending().await);
-        let ids = db::all_ids(&mut db::connect().await, &self.table).await;
-        let arrived = process::eventually(Duration::from_secs(60), || async {
-            self.consumer.distinct() >= ids.len()
+        let drained = outbox_tests::wait::holds("the table is drained", timeout, || async {
+            self.pending().await == 0
         })
         .await;
+        assert!(drained, "{} rows still pending", self.pending().await);
+        let ids = db::all_ids(&mut db::connect().await, &self.table).await;
+        let arrived =
+            outbox_tests::wait::holds("every message arrived", Duration::from_secs(60), || async {
+                self.consumer.distinct() >= ids.len()
+            })
+            .await;
         let missing = ids.iter().filter(|id| !self.consumer.has(id)).count();
         assert!(
             arrived && missing == 0,
@@ -172,7 +176,7 @@ where
     Fut: std::future::Future<Output = bool>,
 {
     assert!(
-        process::eventually(timeout, check).await,
+        outbox_tests::wait::holds(what, timeout, check).await,
         "timed out after {timeout:?} waiting until {what}"
     );
 }

@@ -82,12 +82,13 @@ impl User<'_> {
     async fn wait_jsonpath(&self, object: &str, path: &str, want: &str, timeout: Duration) {
         let jsonpath = format!("jsonpath={path}");
         let mut last = String::new();
-        let ok = process::eventually(timeout, || {
-            last = self.kubectl(&["get", object, "-o", &jsonpath]);
-            let matched = last.trim() == want;
-            async move { matched }
-        })
-        .await;
+        let ok =
+            outbox_tests::wait::holds(&format!("{object} shows {want} at {path}"), timeout, || {
+                last = self.kubectl(&["get", object, "-o", &jsonpath]);
+                let matched = last.trim() == want;
+                async move { matched }
+            })
+            .await;
         assert!(
             ok,
             "{object} {path} is {last:?}, not {want:?} after {timeout:?}"
@@ -159,7 +160,7 @@ async fn a_users_first_hour_with_kubectl() {
         r#"[{"op":"remove","path":"/spec/scaling"}]"#,
     ]);
     user.kubectl(&["scale", "obr/orders", "--replicas=3"]);
-    let scaled = process::eventually(Duration::from_secs(90), || async {
+    let scaled = outbox_tests::wait::holds("the relay scaled", Duration::from_secs(90), || async {
         cluster.node.running_pods("orders").len() == 3
     })
     .await;
@@ -253,22 +254,26 @@ async fn a_users_first_hour_with_kubectl() {
         "--wait=true",
         "--timeout=60s",
     ]);
-    let collected = process::eventually(Duration::from_secs(90), || async {
-        let (_, out, _) = cluster
-            .plane
-            .kubectl_output(&[
-                "-n",
-                &cluster.namespace,
-                "get",
-                "deploy,rs,pods",
-                "-o",
-                "name",
-            ])
-            .unwrap();
-        // The chart's own (zero-replica) operator Deployment stays, of course.
-        let relay_objects = out.lines().filter(|l| !l.contains(OPERATOR_NAME)).count();
-        relay_objects == 0 && cluster.node.running_pods("orders").is_empty()
-    })
+    let collected = outbox_tests::wait::holds(
+        "the Deployment was garbage-collected",
+        Duration::from_secs(90),
+        || async {
+            let (_, out, _) = cluster
+                .plane
+                .kubectl_output(&[
+                    "-n",
+                    &cluster.namespace,
+                    "get",
+                    "deploy,rs,pods",
+                    "-o",
+                    "name",
+                ])
+                .unwrap();
+            // The chart's own (zero-replica) operator Deployment stays, of course.
+            let relay_objects = out.lines().filter(|l| !l.contains(OPERATOR_NAME)).count();
+            relay_objects == 0 && cluster.node.running_pods("orders").is_empty()
+        },
+    )
     .await;
     assert!(
         collected,

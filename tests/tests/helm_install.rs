@@ -17,7 +17,7 @@ use outbox_tests::cluster::{
     install_chart_cluster_wide, relay_spec,
 };
 use outbox_tests::control_plane::ControlPlane;
-use outbox_tests::{db, helm, process, unique};
+use outbox_tests::{db, helm, unique};
 
 fn fresh_namespace(plane: &ControlPlane, prefix: &str) -> String {
     let ns = unique(prefix).replace('_', "-");
@@ -82,7 +82,10 @@ async fn cluster_wide_install_reconciles_every_namespace_upgrades_and_uninstalls
     let b = relay_in(&plane, &team_b).await;
     for (ns, name) in [(&team_a, &a), (&team_b, &b)] {
         let ok =
-            process::eventually(Duration::from_secs(60), || reconciled(&plane, ns, name)).await;
+            outbox_tests::wait::holds("the relay is reconciled", Duration::from_secs(60), || {
+                reconciled(&plane, ns, name)
+            })
+            .await;
         assert!(ok, "{ns}/{name} not reconciled: {}", operator.log_text());
     }
 
@@ -169,9 +172,11 @@ async fn namespaced_install_leaves_other_namespaces_alone_without_a_denied_reque
         .unwrap();
     let mine = relay_in(plane, &watched).await;
     let theirs = relay_in(plane, &other).await;
-    let ok = process::eventually(Duration::from_secs(60), || {
-        reconciled(plane, &watched, &mine)
-    })
+    let ok = outbox_tests::wait::holds(
+        "the watched namespace's relay is reconciled",
+        Duration::from_secs(60),
+        || reconciled(plane, &watched, &mine),
+    )
     .await;
     assert!(
         ok,
@@ -214,9 +219,11 @@ async fn namespaced_install_leaves_other_namespaces_alone_without_a_denied_reque
         .output()
         .unwrap();
     assert!(!attempt.status.success());
-    let seen = process::eventually(Duration::from_secs(10), || async {
-        !denials(plane, &watched, "default").is_empty()
-    })
+    let seen = outbox_tests::wait::holds(
+        "the audit log shows the denial",
+        Duration::from_secs(10),
+        || async { !denials(plane, &watched, "default").is_empty() },
+    )
     .await;
     assert!(seen, "the audit log does not show the denied request");
     for ns in [&release_ns, &watched, &other] {

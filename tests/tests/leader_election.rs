@@ -13,7 +13,7 @@ use outbox_tests::cluster::{
 };
 use outbox_tests::control_plane::ControlPlane;
 use outbox_tests::http::get as http_get;
-use outbox_tests::{db, process, unique};
+use outbox_tests::{db, unique};
 use serde_json::json;
 
 /// The chart's default Lease name.
@@ -58,9 +58,11 @@ async fn only_the_lease_holder_reconciles_and_the_other_takes_over_after_kill_9(
         .unwrap();
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
     let leader_of = |name: &str| format!("{name}-{}", std::process::id());
-    let took = process::eventually(Duration::from_secs(30), || async {
-        holder(&leases).await == Some(leader_of("first"))
-    })
+    let took = outbox_tests::wait::holds(
+        "the first operator holds the Lease",
+        Duration::from_secs(30),
+        || async { holder(&leases).await == Some(leader_of("first")) },
+    )
     .await;
     assert!(
         took,
@@ -81,10 +83,14 @@ async fn only_the_lease_holder_reconciles_and_the_other_takes_over_after_kill_9(
         .create(&PostParams::default(), &OutboxRelay::new(&name, spec))
         .await
         .unwrap();
-    let reconciled = process::eventually(Duration::from_secs(60), || async {
-        let relay = relays.get(&name).await.unwrap();
-        relay.status.and_then(|s| s.observed_generation) == relay.metadata.generation
-    })
+    let reconciled = outbox_tests::wait::holds(
+        "the leader reconciled the relay",
+        Duration::from_secs(60),
+        || async {
+            let relay = relays.get(&name).await.unwrap();
+            relay.status.and_then(|s| s.observed_generation) == relay.metadata.generation
+        },
+    )
     .await;
     assert!(
         reconciled,
@@ -104,9 +110,11 @@ async fn only_the_lease_holder_reconciles_and_the_other_takes_over_after_kill_9(
     // kill -9: no release. The candidate takes over within the lease duration.
     first.kill9().await;
     let killed_at = Instant::now();
-    let took_over = process::eventually(LEASE_DURATION + Duration::from_secs(10), || async {
-        holder(&leases).await == Some(leader_of("second"))
-    })
+    let took_over = outbox_tests::wait::holds(
+        "the second operator took the Lease over",
+        LEASE_DURATION + Duration::from_secs(10),
+        || async { holder(&leases).await == Some(leader_of("second")) },
+    )
     .await;
     let after = killed_at.elapsed();
     assert!(
@@ -131,17 +139,22 @@ async fn only_the_lease_holder_reconciles_and_the_other_takes_over_after_kill_9(
         .unwrap();
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(client.clone(), &ns);
-    let followed = process::eventually(Duration::from_secs(60), || async {
-        let relay = relays.get(&name).await.unwrap();
-        let seen = relay.status.and_then(|s| s.observed_generation) == relay.metadata.generation;
-        let replicas = deployments
-            .get_opt(&name)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|d| d.spec.replicas);
-        seen && replicas == Some(1)
-    })
+    let followed = outbox_tests::wait::holds(
+        "the new leader follows the relay's changes",
+        Duration::from_secs(60),
+        || async {
+            let relay = relays.get(&name).await.unwrap();
+            let seen =
+                relay.status.and_then(|s| s.observed_generation) == relay.metadata.generation;
+            let replicas = deployments
+                .get_opt(&name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|d| d.spec.replicas);
+            seen && replicas == Some(1)
+        },
+    )
     .await;
     assert!(
         followed,

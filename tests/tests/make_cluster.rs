@@ -364,9 +364,11 @@ async fn kill_9_of_the_cluster_process_takes_everything_it_started_with_it() {
     }
     // SAFETY: kill(2) on the pid the cluster wrote, read back as outbox-cluster above.
     unsafe { libc::kill(cluster.pid as i32, libc::SIGKILL) };
-    let gone = process::eventually(Duration::from_secs(10), || async {
-        tree.iter().all(|p| !p.still_there())
-    })
+    let gone = outbox_tests::wait::holds(
+        "every process of the cluster is gone",
+        Duration::from_secs(10),
+        || async { tree.iter().all(|p| !p.still_there()) },
+    )
     .await;
     let left: Vec<&Proc> = tree.iter().filter(|p| p.still_there()).collect();
     assert!(

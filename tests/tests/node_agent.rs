@@ -75,18 +75,19 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
         .await
         .unwrap();
 
-    let ready = process::eventually(Duration::from_secs(60), || async {
-        let status = deployments
-            .get(&name)
-            .await
-            .unwrap()
-            .status
-            .unwrap_or_default();
-        agent.running_pods(&key).len() == 2
-            && status.ready_replicas == Some(2)
-            && status.observed_generation == Some(1)
-    })
-    .await;
+    let ready =
+        outbox_tests::wait::holds("two pods are ready", Duration::from_secs(60), || async {
+            let status = deployments
+                .get(&name)
+                .await
+                .unwrap()
+                .status
+                .unwrap_or_default();
+            agent.running_pods(&key).len() == 2
+                && status.ready_replicas == Some(2)
+                && status.observed_generation == Some(1)
+        })
+        .await;
     assert!(ready, "two ready pods: {:?}", agent.timeline());
     // The pods are the real ReplicaSet's, bound to the agent's Node, Ready by their probe.
     let pods = pods_api.list(&ListParams::default()).await.unwrap().items;
@@ -117,9 +118,11 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
             assert!(seen.no_new_privileges && seen.read_only_root, "{seen:?}");
         }
     }
-    let drained = process::eventually(Duration::from_secs(120), || async {
-        db::pending(&mut db::connect().await, &table).await == 0
-    })
+    let drained = outbox_tests::wait::holds(
+        "the relays drained the table",
+        Duration::from_secs(120),
+        || async { db::pending(&mut db::connect().await, &table).await == 0 },
+    )
     .await;
     assert!(drained, "the agent's relays did not drain the table");
     consumer.wait_for(5_000, Duration::from_secs(30)).await;
@@ -135,12 +138,16 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
         )
         .await
         .unwrap();
-    let rolled = process::eventually(Duration::from_secs(60), || async {
-        let pods = agent.running_pods(&key);
-        let ready = agent.timeline().last().map(|s| s.ready);
-        // Ready too: SIGTERM during start-up is a different path from the one tested below.
-        pods.len() == 2 && pods.iter().all(|p| !first_pods.contains(p)) && ready == Some(2)
-    })
+    let rolled = outbox_tests::wait::holds(
+        "the template change replaced both pods",
+        Duration::from_secs(60),
+        || async {
+            let pods = agent.running_pods(&key);
+            let ready = agent.timeline().last().map(|s| s.ready);
+            // Ready too: SIGTERM during start-up is a different path from the one tested below.
+            pods.len() == 2 && pods.iter().all(|p| !first_pods.contains(p)) && ready == Some(2)
+        },
+    )
     .await;
     assert!(
         rolled,
@@ -158,16 +165,20 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
         )
         .await
         .unwrap();
-    let stopped = process::eventually(Duration::from_secs(60), || async {
-        let status = deployments
-            .get(&name)
-            .await
-            .unwrap()
-            .status
-            .unwrap_or_default();
-        // The real controller leaves a zero out of the status.
-        agent.running_pods(&key).is_empty() && status.replicas.unwrap_or(0) == 0
-    })
+    let stopped = outbox_tests::wait::holds(
+        "the Deployment scaled to zero",
+        Duration::from_secs(60),
+        || async {
+            let status = deployments
+                .get(&name)
+                .await
+                .unwrap()
+                .status
+                .unwrap_or_default();
+            // The real controller leaves a zero out of the status.
+            agent.running_pods(&key).is_empty() && status.replicas.unwrap_or(0) == 0
+        },
+    )
     .await;
     assert!(
         stopped,
@@ -175,9 +186,13 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
         agent.running_pods(&key)
     );
     for pod in &last_pods {
-        let log_seen = process::eventually(Duration::from_secs(30), || async {
-            std::fs::read_to_string(process::log_path(pod)).is_ok_and(|log| log.contains("bye"))
-        })
+        let log_seen = outbox_tests::wait::holds(
+            "each relay logged its goodbye",
+            Duration::from_secs(30),
+            || async {
+                std::fs::read_to_string(process::log_path(pod)).is_ok_and(|log| log.contains("bye"))
+            },
+        )
         .await;
         assert!(log_seen, "{pod} did not shut down gracefully");
     }
@@ -185,14 +200,18 @@ async fn deployments_become_relay_processes_that_scale_roll_and_stop_with_sigter
     assert!(samples.iter().any(|s| s.running == 2 && s.ready == 2));
     assert_eq!(samples.last().map(|s| s.running), Some(0));
     // The agent removed the deleted pods for good, as a agent ends a deletion.
-    let gone = process::eventually(Duration::from_secs(30), || async {
-        pods_api
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    })
+    let gone = outbox_tests::wait::holds(
+        "the deleted pods are gone",
+        Duration::from_secs(30),
+        || async {
+            pods_api
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+        },
+    )
     .await;
     assert!(gone, "pods left after scaling to zero");
     assert!(deployments.get(&name).await.unwrap().name_any() == name);

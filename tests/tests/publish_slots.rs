@@ -220,16 +220,17 @@ async fn messages_at_the_broker_without_confirms(workers: &str, extra: &[&str]) 
 
     // The gauge counts connected workers: all of them must be up before the replies stop.
     let connected = format!("outbox_relay_broker_connected {workers}");
-    let all_connected = process::eventually(Duration::from_secs(20), || {
-        let (log, connected) = (relay.log_text(), connected.clone());
-        async move {
-            match http::metrics_addr(&log) {
-                Some(addr) => http::get(&addr, "/metrics").await.1.contains(&connected),
-                None => false,
+    let all_connected =
+        outbox_tests::wait::holds("every worker is connected", Duration::from_secs(20), || {
+            let (log, connected) = (relay.log_text(), connected.clone());
+            async move {
+                match http::metrics_addr(&log) {
+                    Some(addr) => http::get(&addr, "/metrics").await.1.contains(&connected),
+                    None => false,
+                }
             }
-        }
-    })
-    .await;
+        })
+        .await;
     assert!(
         all_connected,
         "workers did not connect:\n{}",

@@ -128,7 +128,7 @@ async fn delete_mode_custom_columns_and_schema_qualified_table() {
         "50ms",
     ];
     let mut relay = process::spawn_relay(&schema, &args);
-    let emptied = process::eventually(Duration::from_secs(60), || {
+    let emptied = outbox_tests::wait::holds("the table is empty", Duration::from_secs(60), || {
         let t = table.clone();
         async move {
             db::scalar_i64(

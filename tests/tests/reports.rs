@@ -45,7 +45,7 @@ async fn one_pod_measures_every_pod_reports_and_stopped_pods_leave() {
     );
 
     let reports_table = table.reports_table();
-    let both = process::eventually(Duration::from_secs(20), || {
+    let both = outbox_tests::wait::holds("both relays reported", Duration::from_secs(20), || {
         let (t, n) = (reports_table.clone(), name.clone());
         async move {
             read_reports(&mut db::connect().await, &t, &n, 30.0)
@@ -96,15 +96,19 @@ async fn one_pod_measures_every_pod_reports_and_stopped_pods_leave() {
         (&mut b, "pod-a")
     };
     assert_eq!(stopping.terminate(Duration::from_secs(20)).await, Some(0));
-    let took_over = process::eventually(Duration::from_secs(20), || {
-        let (t, n) = (reports_table.clone(), name.clone());
-        async move {
-            let reports = read_reports(&mut db::connect().await, &t, &n, 30.0)
-                .await
-                .unwrap();
-            reports.len() == 1 && reports[0].pod == staying && reports[0].backlog.is_some()
-        }
-    })
+    let took_over = outbox_tests::wait::holds(
+        "the other relay measures the backlog",
+        Duration::from_secs(20),
+        || {
+            let (t, n) = (reports_table.clone(), name.clone());
+            async move {
+                let reports = read_reports(&mut db::connect().await, &t, &n, 30.0)
+                    .await
+                    .unwrap();
+                reports.len() == 1 && reports[0].pod == staying && reports[0].backlog.is_some()
+            }
+        },
+    )
     .await;
     assert!(took_over, "the remaining pod should measure");
     for relay in [&mut a, &mut b] {

@@ -141,7 +141,7 @@ impl Run {
     /// own SIGTERM handling. A signal that lands while the process is still being exec'd takes
     /// the default action and kills it, which says nothing about the relay's shutdown.
     async fn wait_started(&self, index: usize, limit: Duration) -> bool {
-        process::eventually(limit, || async {
+        outbox_tests::wait::holds("the relay logged that it is relaying", limit, || async {
             let log = std::fs::read_to_string(self.relay_log(index)).unwrap_or_default();
             log.matches(": relaying").count() >= self.spawns[index]
         })
