@@ -297,7 +297,14 @@ async fn bad_input_becomes_a_condition_naming_the_field_and_writes_nothing() {
         .with_writer(logs.clone())
         .with_max_level(tracing::Level::TRACE)
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    // The process-wide default, not a thread-local one: tests on other threads register the
+    // same callsites concurrently, and a thread-local subscriber can then miss an event whose
+    // interest another thread cached as "never" (it did, in CI). Every other test's log lines
+    // land here too, which only widens the leak check. The rebuild makes callsites registered
+    // before this point see the new subscriber.
+    tracing::subscriber::set_global_default(subscriber)
+        .expect("no other test of this binary sets a global subscriber");
+    tracing::callsite::rebuild_interest_cache();
 
     for (mutate, db_url, reason, field) in cases {
         let mut relay = orders_relay("outbox_messages");
