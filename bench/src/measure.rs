@@ -32,6 +32,8 @@ pub struct Measurement {
     pub messages: u64,
     pub seconds: f64,
     pub cpu: CpuSeconds,
+    /// The same CPU, in microseconds per message counted.
+    pub cpu_us_per_message: CpuSeconds,
     /// Peak RSS of the relay process (relay runs only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_rss_mib: Option<f64>,
@@ -107,11 +109,13 @@ where
     let last = series.last().copied().expect("at least one sample");
     let seconds = (last.t - t0).max(1e-3);
     let messages = last.count - c0;
+    let cpu = cpu0.until(&end);
     Ok(Measurement {
         rate: messages as f64 / seconds,
         messages,
         seconds,
-        cpu: cpu0.until(&end),
+        cpu,
+        cpu_us_per_message: cpu.per_message_us(messages),
         peak_rss_mib: None,
         stages: BTreeMap::new(),
         series,

@@ -63,6 +63,22 @@ pub struct CpuSeconds {
     pub rabbitmq: f64,
 }
 
+impl CpuSeconds {
+    /// Microseconds of CPU per message, per process: what each spends on one message, a figure
+    /// that machine noise moves much less than msg/s. Zeros for a run that moved nothing.
+    pub fn per_message_us(&self, messages: u64) -> CpuSeconds {
+        if messages == 0 {
+            return CpuSeconds::default();
+        }
+        let us = |seconds: f64| seconds * 1e6 / messages as f64;
+        CpuSeconds {
+            subject: us(self.subject),
+            postgres: us(self.postgres),
+            rabbitmq: us(self.rabbitmq),
+        }
+    }
+}
+
 impl CpuSnapshot {
     pub fn take(subject_pid: u32) -> Self {
         Self {
@@ -117,5 +133,17 @@ mod tests {
         let pid = std::process::id();
         assert!(read_stat(pid).is_some());
         assert!(peak_rss_mib(pid).unwrap() > 0.0);
+    }
+
+    #[test]
+    fn cpu_per_message_is_in_microseconds() {
+        let cpu = CpuSeconds {
+            subject: 0.5,
+            postgres: 1.0,
+            rabbitmq: 0.25,
+        };
+        let us = cpu.per_message_us(100_000);
+        assert_eq!((us.subject, us.postgres, us.rabbitmq), (5.0, 10.0, 2.5));
+        assert_eq!(cpu.per_message_us(0).subject, 0.0);
     }
 }

@@ -37,16 +37,20 @@ fn contender_row(out: &mut String, workload: &str, c: &Contender) {
     let rss = m
         .peak_rss_mib
         .map_or("–".to_string(), |r| format!("{r:.1}"));
+    let us = &m.cpu_us_per_message;
     let _ = writeln!(
         out,
-        "| {workload} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {rss} |",
+        "| {workload} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {rss} |",
         c.label,
         c.rate.median,
         c.rate.min,
         c.rate.max,
         m.cpu.subject,
         m.cpu.postgres,
-        m.cpu.rabbitmq
+        m.cpu.rabbitmq,
+        us.subject,
+        us.postgres,
+        us.rabbitmq
     );
 }
 
@@ -74,13 +78,16 @@ impl Report {
         if !self.throughput.is_empty() {
             let _ = writeln!(
                 out,
-                "## Throughput (msg/s: median, min, max of the runs; CPU seconds over the median run's window)\n"
+                "## Throughput (msg/s: median, min, max of the runs; CPU seconds over the median run's window, and per message)\n"
             );
             let _ = writeln!(
                 out,
-                "| workload | contender | median | min | max | CPU subject | CPU postgres | CPU rabbitmq | relay peak RSS MiB |"
+                "| workload | contender | median | min | max | CPU subject s | CPU postgres s | CPU rabbitmq s | subject µs/msg | postgres µs/msg | rabbitmq µs/msg | relay peak RSS MiB |"
             );
-            let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(
+                out,
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            );
             for w in &self.throughput {
                 let name = w.workload_name();
                 for ceiling in &w.ceiling_by_connections {
