@@ -206,7 +206,11 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
         .and_then(|l| l.split_whitespace().next())
         .map(PathBuf::from)
         .unwrap_or_else(|| panic!("no kubectl line in:\n{stdout}"));
-    assert!(stdout.contains("helm: "), "{stdout}");
+    let helm_path = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("helm: "))
+        .map(|l| PathBuf::from(l.trim()))
+        .unwrap_or_else(|| panic!("no helm line in:\n{stdout}"));
     let run = |args: &[&str], stdin: &str| kubectl(&kubectl_path, &kubeconfig, args, stdin);
 
     // The README's steps: a table and an exchange with a queue, the Secrets, the OutboxRelay.
@@ -279,14 +283,9 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
                 .env("E2E_DATABASE_URL", outbox_tests::database_url())
                 .env("E2E_AMQP_URL", outbox_tests::amqp_url())
                 .env("E2E_TIMEOUT", "120")
-                .env(
-                    "PATH",
-                    format!(
-                        "{}:{}",
-                        kubectl_path.parent().unwrap().display(),
-                        std::env::var("PATH").unwrap_or_default()
-                    ),
-                )
+                // The tools make cluster printed: CI's helm is not where chart-check caches it.
+                .env("HELM", &helm_path)
+                .env("KUBECTL", &kubectl_path)
                 .stdin(Stdio::null())
                 .output()
                 .await
