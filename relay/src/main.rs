@@ -8,7 +8,6 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    outbox_relay::cli::main().await
+fn main() -> ExitCode {
+    outbox_relay::cli::main()
 }

@@ -8,6 +8,7 @@ mod migrate;
 mod run;
 mod seed;
 mod shared;
+mod signals;
 
 use std::process::ExitCode;
 
@@ -41,13 +42,31 @@ enum Command {
 }
 
 /// Parses the command line and runs the command.
-pub async fn main() -> ExitCode {
+/// `run` listens for SIGTERM and SIGINT before the runtime starts (see [`signals`]); the other
+/// commands keep the signals' default action.
+pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Run(args) => run::command(*args).await,
-        Command::Migrate(args) => migrate::command(args).await,
-        Command::Lag(args) => lag::command(args).await,
-        Command::Seed(args) => seed::command(args).await,
-        Command::Consume(args) => consume::command(args).await,
-    }
+    let shutdown = match &cli.command {
+        Command::Run(_) => match signals::listen() {
+            Ok(token) => Some(token),
+            Err(e) => return shared::failure(format!("cannot listen for SIGTERM: {e}")),
+        },
+        _ => None,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return shared::failure(format!("cannot start the async runtime: {e}")),
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run::command(*args, shutdown.unwrap_or_default()).await,
+            Command::Migrate(args) => migrate::command(args).await,
+            Command::Lag(args) => lag::command(args).await,
+            Command::Seed(args) => seed::command(args).await,
+            Command::Consume(args) => consume::command(args).await,
+        }
+    })
 }
