@@ -1,6 +1,10 @@
 //! Prometheus metrics of one relay process. Each process owns its registry (not the global
 //! one) so tests can run several relays side by side.
 
+mod table_health;
+
+pub use table_health::TableHealthMetrics;
+
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     Opts, Registry, TextEncoder,
@@ -73,6 +77,9 @@ pub struct Metrics {
     pub database_connected: IntGauge,
     pub broker_connected: IntGauge,
     pub workers_busy: IntGauge,
+    /// When this process last wrote its lag report (Unix seconds): an alert sees it go stale.
+    pub last_report_timestamp: Gauge,
+    pub table: TableHealthMetrics,
 }
 
 /// Registers a new collector in `registry` and hands it back, so each metric is defined in one
@@ -189,6 +196,14 @@ impl Metrics {
                     "Workers with a batch in flight",
                 ),
             ),
+            last_report_timestamp: registered(
+                r,
+                Gauge::new(
+                    "outbox_relay_last_report_timestamp_seconds",
+                    "When this process last wrote its lag report (Unix time)",
+                ),
+            ),
+            table: TableHealthMetrics::new(r),
             registry,
         }
     }
