@@ -32,6 +32,13 @@ async fn connect() -> PgConnection {
         .expect("the local PostgreSQL must be running (see scripts/services.sh)")
 }
 
+async fn execute_on(conn: &mut PgConnection, sql: String) {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
 async fn execute(sql: String) {
     sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
         .execute(&mut connect().await)
@@ -228,6 +235,67 @@ async fn at_zero_pods_the_backlog_is_counted() {
     assert_eq!(lag.backlog, Some(30));
     assert!(lag.measured_by_operator);
     assert_eq!(lag.reporting_pods, 0);
+    let health = lag
+        .table_health
+        .expect("the operator measures the table's health too");
+    assert!(
+        health.pending_index_bytes.is_some_and(|b| b > 0),
+        "{health:?}"
+    );
+    assert!(
+        health.dead_tuples.is_some() && health.live_tuples.is_some(),
+        "{health:?}"
+    );
+}
+
+/// With no pod running, the operator dates the horizon itself: a snapshot held open by a
+/// session it may see is reported with its pid, application name and age. In a database of its
+/// own: other tests' transactions (a concurrent index build waits for this very snapshot, and
+/// would be older) hold only their own database's horizon.
+#[tokio::test]
+async fn at_zero_pods_an_open_snapshot_is_the_horizon_with_its_holder() {
+    let database = format!("horizon_{}", uuid::Uuid::new_v4().simple());
+    execute(format!("CREATE DATABASE {database}")).await;
+    let url = database_url().replacen("/test", &format!("/{database}"), 1);
+    let mut holder = PgConnection::connect(&url).await.unwrap();
+    let table = "public.outbox";
+    execute_on(
+        &mut holder,
+        format!(
+            "CREATE TABLE {table} (id uuid PRIMARY KEY, type varchar(255) NOT NULL, \
+             content jsonb NOT NULL, occurred_on_utc timestamptz NOT NULL, \
+             processed_on_utc timestamptz NULL, error text NULL)"
+        ),
+    )
+    .await;
+    let secret = SecretUrl::parse(&url, UrlKind::Postgres).unwrap();
+    migrated(PostgresDatabase.migrate(&secret, &plan_for(table)).await);
+    let application = format!("holder-{database}");
+    execute_on(
+        &mut holder,
+        format!("SET application_name = '{application}'"),
+    )
+    .await;
+    execute_on(&mut holder, "BEGIN ISOLATION LEVEL REPEATABLE READ".into()).await;
+    execute_on(&mut holder, format!("SELECT count(*) FROM {table}")).await;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let lag = PostgresDatabase
+        .observe_lag(&secret, &plan_for(table), query(0))
+        .await
+        .unwrap();
+    execute_on(&mut holder, "ROLLBACK".into()).await;
+    drop(holder);
+    execute(format!("DROP DATABASE {database} WITH (FORCE)")).await;
+
+    let horizon = lag.table_health.and_then(|h| h.horizon).expect("a holder");
+    assert_eq!(horizon.pid, Some(pid), "{horizon:?}");
+    assert_eq!(horizon.name.as_deref(), Some(application.as_str()));
+    assert_eq!(horizon.state.as_deref(), Some("idle in transaction"));
+    assert!(horizon.visible && horizon.age_seconds >= 1.4, "{horizon:?}");
 }
 
 async fn report(table: &str, pod: &str, backlog: Option<i64>, rate: f64, age_seconds: i64) {
@@ -301,6 +369,7 @@ async fn a_problem_the_pods_report_reaches_the_lag_with_the_pods_that_have_it() 
                 kind: ProblemKind::ExchangeNotFound,
                 message: message.into(),
             }),
+            table_health: None,
         };
         upsert_report(&mut connect().await, &reports, &report)
             .await

@@ -102,3 +102,41 @@ pub async fn wait_until_drained_in(
     })
     .await
 }
+
+/// A database of the test's own, for what PostgreSQL keeps per database — above all the
+/// cleanup horizon, which every other test's transactions would move. Dropped by
+/// [`PrivateDatabase::drop_now`] (with FORCE, so sessions left open do not keep it).
+pub struct PrivateDatabase {
+    pub name: String,
+    /// The test server's URL with this database in place of `test`.
+    pub url: String,
+}
+
+impl PrivateDatabase {
+    pub async fn create(prefix: &str) -> Self {
+        let name = crate::unique(prefix);
+        exec(&mut connect().await, &format!("CREATE DATABASE {name}")).await;
+        let base = crate::database_url();
+        let (server, _) = base.rsplit_once('/').expect("a database URL ends in /NAME");
+        let url = format!("{server}/{name}");
+        Self { name, url }
+    }
+
+    /// This URL with `user` in place of the test's own role (trust authentication here).
+    pub fn url_as(&self, user: &str) -> String {
+        let (scheme, rest) = self.url.split_once("://").expect("a URL");
+        let (_, host) = rest.split_once('@').expect("a user in the test URL");
+        format!("{scheme}://{user}@{host}")
+    }
+
+    pub async fn connect(&self) -> PgConnection {
+        PgConnection::connect(&self.url)
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.name))
+    }
+
+    pub async fn drop_now(self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        exec(&mut connect().await, &sql).await;
+    }
+}

@@ -9,6 +9,7 @@ pub mod db;
 pub mod helm;
 pub mod history;
 pub mod http;
+pub mod metrics;
 pub mod node_agent;
 pub mod oci;
 pub mod process;

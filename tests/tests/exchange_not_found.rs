@@ -9,6 +9,7 @@ use outbox_relay::broker::ConnectError;
 use outbox_relay::broker::amqp::{AmqpPublisher, AmqpSettings};
 use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::table::OutboxTable;
+use outbox_relay::table::health::TableHealth;
 use outbox_relay::table::ident::{Ident, TableName};
 use outbox_relay::table::reports::{
     Problem, ProblemKind, Report, Stored, read_reports, upsert_report,
@@ -328,16 +329,29 @@ async fn a_report_table_from_before_the_problem_columns_keeps_working_and_migrat
         published_total: 7,
         publish_rate: 1.5,
         problem: Some(problem.clone()),
+        table_health: Some(TableHealth {
+            horizon: None,
+            dead_tuples: Some(12),
+            live_tuples: Some(34),
+            last_vacuum_age_seconds: None,
+            pending_index_bytes: Some(8192),
+            server_autovacuum: true,
+            table_autovacuum: false,
+        }),
     };
     let stored = upsert_report(&mut conn, &reports, &report).await.unwrap();
-    assert_eq!(stored, Stored::WithoutProblem);
+    assert_eq!(stored, Stored::LagOnly);
     let read = read_reports(&mut conn, &reports, "legacy", 30.0)
         .await
         .unwrap();
     assert_eq!(read.len(), 1);
     assert_eq!(
-        (read[0].published_total, read[0].problem.clone()),
-        (7, None)
+        (
+            read[0].published_total,
+            read[0].problem.clone(),
+            read[0].table_health.clone()
+        ),
+        (7, None, None)
     );
 
     outbox_relay::table::migrate::migrate(&mut conn, &table, &Default::default())
@@ -349,6 +363,7 @@ async fn a_report_table_from_before_the_problem_columns_keeps_working_and_migrat
         .await
         .unwrap();
     assert_eq!(read[0].problem, Some(problem));
+    assert_eq!(read[0].table_health, report.table_health);
 
     report.problem = None;
     upsert_report(&mut conn, &reports, &report).await.unwrap();

@@ -125,6 +125,13 @@ pub struct DatabaseSpec {
     /// lower latency than polling.
     #[serde(default)]
     pub notify_trigger: bool,
+    /// Set `Degraded=True` with reason `VacuumBlocked` when the database's cleanup horizon
+    /// (its oldest open snapshot, transaction, prepared transaction or replication slot) is
+    /// older than this: while it is held, VACUUM cannot remove the table's dead rows and every
+    /// claim slows down. The measuring relay pod reports the holder.
+    #[serde(default = "defaults::vacuum_blocked_after")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub vacuum_blocked_after: String,
 }
 
 /// The column mapping of the outbox table.
@@ -571,10 +578,44 @@ pub struct OutboxRelayStatus {
     /// Label selector of the relay pods, for the scale subresource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// What keeps VACUUM from cleaning the outbox table, as last measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_health: Option<TableHealthStatus>,
     /// Ready, IndexReady, ScalingActive, ScalingLimited and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The health of the outbox table, from the relay pod that measures the backlog.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TableHealthStatus {
+    /// True while the cleanup horizon is older than `spec.database.vacuumBlockedAfter`.
+    pub vacuum_blocked: bool,
+    /// How long the cleanup horizon has been held back, in seconds (0 when nothing holds it).
+    pub horizon_age_seconds: f64,
+    /// The same age in transaction ids.
+    pub horizon_age_xids: i64,
+    /// What holds the horizon: a session's pid, application name and state, a prepared
+    /// transaction or a replication slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub horizon_holder: Option<String>,
+    /// Dead tuples in the outbox table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_tuples: Option<i64>,
+    /// Live tuples in the outbox table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_tuples: Option<i64>,
+    /// Seconds since the table's last VACUUM or autovacuum; absent when it never ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_vacuum_age_seconds: Option<f64>,
+    /// Size of the pending-rows index in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_index_bytes: Option<i64>,
+    /// Autovacuum runs for this table: on for the server (with track_counts) and not turned
+    /// off on the table.
+    pub autovacuum: bool,
 }
 
 /// Default values, one function each because serde and the schema need functions. Where the
@@ -672,5 +713,10 @@ pub mod defaults {
     }
     pub fn stale_after() -> String {
         "60s".into()
+    }
+    /// Long enough that a report or a migration does not trip it, short enough to hear about
+    /// a forgotten session before the table doubles.
+    pub fn vacuum_blocked_after() -> String {
+        "10m".into()
     }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::table::health::TableHealth;
 use outbox_relay::table::migrate::MigrationReport;
 
 use crate::reconcile::error::Error;
@@ -72,6 +73,9 @@ pub struct LagObservation {
     pub measured_by_operator: bool,
     /// What keeps pods from relaying, as their fresh reports say; `None` when they relay.
     pub problem: Option<PodProblem>,
+    /// The table's health, measured with the backlog (by the measuring pod, or by the operator
+    /// when no pod runs); `None` when the reports carry none (a relay older than the figures).
+    pub table_health: Option<TableHealth>,
 }
 
 /// A problem relay pods reported (e.g. the exchange is missing on the broker).

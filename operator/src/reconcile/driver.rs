@@ -23,7 +23,9 @@ use crate::reconcile::build::{build_deployment, report_name, selector_string};
 use crate::reconcile::context::Context;
 use crate::reconcile::dereference::dereference_secrets;
 use crate::reconcile::error::Error;
-use crate::reconcile::events::{self, announce_migration, announce_pod_problem, announce_scaling};
+use crate::reconcile::events::{
+    self, announce_migration, announce_pod_problem, announce_scaling, announce_vacuum,
+};
 use crate::reconcile::migrate::{MigrationKey, MigrationOutcome, migrate_once};
 use crate::reconcile::observe::observe;
 use crate::reconcile::recommend::recommend_replicas;
@@ -130,10 +132,12 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         desired_replicas: scale.replicas,
         selector: selector_string(relay),
         scaling: &scale,
+        vacuum_blocked_after: plan.vacuum_blocked_after,
     };
     let status = healthy_status(relay.status.as_ref(), &observation, Timestamp::now());
     let problem = scale.lag.as_ref().and_then(|lag| lag.problem.as_ref());
     announce_pod_problem(&ctx.recorder, relay, problem, pod_problem_message).await;
+    announce_vacuum(&ctx.recorder, relay, &status, &observation.table).await;
     write_status(ctx, relay, &status).await?;
 
     Ok(match (&migration, &plan.scaling) {

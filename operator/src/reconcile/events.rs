@@ -10,6 +10,10 @@ use crate::reconcile::conditions::{self, READY};
 use crate::reconcile::database::PodProblem;
 use crate::reconcile::migrate::MigrationOutcome;
 use crate::reconcile::recommend::ScalingOutcome;
+use crate::reconcile::table_health::{
+    VACUUM_BLOCKED, VACUUM_UNBLOCKED, VacuumChange, vacuum_blocked_message, vacuum_change,
+    vacuum_unblocked_message,
+};
 
 /// Event reasons, as `kubectl describe obr` shows them.
 pub mod reasons {
@@ -108,6 +112,34 @@ pub async fn announce_pod_problem(
     let note = message(problem);
     let reason = problem.reason.as_str();
     publish(recorder, relay, EventType::Warning, reason, "Observe", note).await;
+}
+
+/// A Warning when the cleanup horizon starts blocking VACUUM, a Normal event when it stops:
+/// two events per episode, however long it lasts.
+pub async fn announce_vacuum(
+    recorder: &Recorder,
+    relay: &OutboxRelay,
+    status: &OutboxRelayStatus,
+    table: &str,
+) {
+    let previous = relay.status.as_ref().and_then(|s| s.table_health.as_ref());
+    let Some(current) = status.table_health.as_ref() else {
+        return;
+    };
+    let (type_, reason, note) = match vacuum_change(previous, Some(current)) {
+        VacuumChange::Started => (
+            EventType::Warning,
+            VACUUM_BLOCKED,
+            vacuum_blocked_message(current, table),
+        ),
+        VacuumChange::Cleared => (
+            EventType::Normal,
+            VACUUM_UNBLOCKED,
+            vacuum_unblocked_message(current, table),
+        ),
+        VacuumChange::Unchanged => return,
+    };
+    publish(recorder, relay, type_, reason, "Observe", note).await;
 }
 
 /// Is `problem` new, i.e. was Ready not already False for this reason?

@@ -1,6 +1,8 @@
 //! The status the reconciler writes, computed from what it did and observed. Pure functions:
 //! the current status goes in (so transition times survive), the new status comes out.
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use outbox_relay::table::migrate::IndexAction;
@@ -15,6 +17,7 @@ use crate::reconcile::database::PodProblem;
 use crate::reconcile::error::Error;
 use crate::reconcile::migrate::MigrationOutcome;
 use crate::reconcile::recommend::ScalingOutcome;
+use crate::reconcile::table_health::{VACUUM_BLOCKED, table_health_status, vacuum_blocked_message};
 
 /// What a successful pass through the pipeline saw.
 #[derive(Debug, Clone)]
@@ -27,6 +30,8 @@ pub struct Observation<'a> {
     pub desired_replicas: i32,
     pub selector: String,
     pub scaling: &'a ScalingOutcome,
+    /// `spec.database.vacuumBlockedAfter`, parsed.
+    pub vacuum_blocked_after: Duration,
 }
 
 /// Status after a pass that reached the end of the pipeline.
@@ -44,6 +49,15 @@ pub fn healthy_status(
     status.desired_replicas = Some(observed.desired_replicas);
     status.selector = Some(observed.selector.clone());
     apply_lag(&mut status, observed.scaling);
+    // A round without figures (no measuring pod reported) keeps the last ones.
+    if let Some(health) = observed
+        .scaling
+        .lag
+        .as_ref()
+        .and_then(|lag| lag.table_health.as_ref())
+    {
+        status.table_health = Some(table_health_status(health, observed.vacuum_blocked_after));
+    }
     let (active, limited) = scaling_conditions(observed.scaling);
     set_condition(&mut status.conditions, active, generation, now);
     set_condition(&mut status.conditions, limited, generation, now);
@@ -77,8 +91,17 @@ pub fn healthy_status(
             } else {
                 rollout_condition(observed)
             };
-            let fine = NewCondition::new(DEGRADED, false, "AsExpected", "no problems found");
-            (ready, fine)
+            // The relay still runs while VACUUM is blocked: Degraded, not un-Ready.
+            let degraded = match status.table_health.as_ref().filter(|h| h.vacuum_blocked) {
+                Some(health) => NewCondition::new(
+                    DEGRADED,
+                    true,
+                    VACUUM_BLOCKED,
+                    vacuum_blocked_message(health, &observed.table),
+                ),
+                None => NewCondition::new(DEGRADED, false, "AsExpected", "no problems found"),
+            };
+            (ready, degraded)
         }
     };
     set_condition(&mut status.conditions, ready, generation, now);
@@ -334,6 +357,7 @@ mod tests {
             desired_replicas: desired,
             selector: "a=b".into(),
             scaling: manual(),
+            vacuum_blocked_after: Duration::from_secs(600),
         }
     }
 

@@ -57,6 +57,8 @@ pub struct RelayPlan {
     pub poll_interval: Duration,
     pub report_interval: Duration,
     pub processed_retention: Option<Duration>,
+    /// A cleanup horizon older than this makes the relay Degraded (VacuumBlocked).
+    pub vacuum_blocked_after: Duration,
     pub scaling: Option<ScalingPlan>,
 }
 
@@ -144,6 +146,8 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         .map_err(|e| check.fail("spec.database.table", format!("table name {e}")))
         .ok();
     let columns = check_columns(&mut check, spec);
+    let vacuum_blocked_after =
+        check.duration("spec.database.vacuumBlockedAfter", &db.vacuum_blocked_after);
 
     let broker = &spec.broker;
     check.not_empty("spec.broker.urlSecretRef.name", &broker.url_secret_ref.name);
@@ -203,12 +207,14 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         Some(publish_timeout),
         Some(poll_interval),
         Some(report_interval),
+        Some(vacuum_blocked_after),
     ) = (
         table_name,
         columns,
         publish_timeout,
         poll_interval,
         report_interval,
+        vacuum_blocked_after,
     )
     else {
         return Err(SpecErrors(vec![FieldError {
@@ -231,6 +237,7 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         poll_interval,
         report_interval,
         processed_retention: processed_retention.flatten(),
+        vacuum_blocked_after,
         scaling: scaling.flatten(),
     })
 }

@@ -1,6 +1,7 @@
 //! The per-process reporter: every report interval it upserts this pod's row in the report
-//! table; the pod holding the relay's advisory lock also measures the backlog (and, when a
-//! retention is set, purges old processed rows), so one count runs per relay, not one per pod.
+//! table; the pod holding the relay's advisory lock also measures the backlog and the table's
+//! health (and, when a retention is set, purges old processed rows), so one count runs per
+//! relay, not one per pod.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,8 @@ use crate::defaults::BACKLOG_CAP;
 use crate::metrics::Metrics;
 use crate::runtime::health::Health;
 use crate::secret_url::SecretUrl;
+use crate::table::OutboxTable;
+use crate::table::health::{HorizonClock, TableHealth, measure_table_health};
 use crate::table::ident::TableName;
 use crate::table::reports::{
     Backlog, Report, Stored, measure_backlog, measurer_lock_key, upsert_report,
@@ -23,6 +26,7 @@ use crate::table::sql::Statements;
 pub struct ReporterContext {
     pub database_url: SecretUrl,
     pub reports_table: TableName,
+    pub table: OutboxTable,
     pub statements: Arc<Statements>,
     pub relay: String,
     pub pod: String,
@@ -43,6 +47,10 @@ struct Session {
     measurer: bool,
     /// Said once per session that the report table cannot hold the problem yet.
     told_to_migrate: bool,
+    /// Said once per session that another role's session holds the horizon, and which
+    /// privilege would show more of it.
+    told_hidden_holder: bool,
+    horizon_clock: HorizonClock,
 }
 
 pub async fn run_reporter(ctx: ReporterContext) {
@@ -69,6 +77,8 @@ pub async fn run_reporter(ctx: ReporterContext) {
                         conn,
                         measurer: false,
                         told_to_migrate: false,
+                        told_hidden_holder: false,
+                        horizon_clock: HorizonClock::default(),
                     });
                 }
                 Err(e) => {
@@ -137,6 +147,26 @@ async fn report_once(
     } else {
         None
     };
+    let table_health = if session.measurer {
+        let health =
+            measure_table_health(&mut session.conn, &ctx.table, &mut session.horizon_clock).await?;
+        publish_table_health(&ctx.metrics, &health);
+        if let Some(holder) = health.hidden_holder()
+            && !session.told_hidden_holder
+        {
+            warn!(
+                holder = %holder,
+                "the cleanup horizon is held by another role's session: this role sees its pid \
+                 and application name but not its state or how long it has been open (its age \
+                 counts from when this process first saw it); grant pg_read_all_stats to the \
+                 relay's database role to see them"
+            );
+            session.told_hidden_holder = true;
+        }
+        Some(health)
+    } else {
+        None
+    };
     let report = Report {
         relay: ctx.relay.clone(),
         pod: ctx.pod.clone(),
@@ -145,14 +175,47 @@ async fn report_once(
         published_total: i64::try_from(total).unwrap_or(i64::MAX),
         publish_rate: rate,
         problem: ctx.health.problem(),
+        table_health,
     };
     let stored = upsert_report(&mut session.conn, &ctx.reports_table, &report).await?;
-    if stored == Stored::WithoutProblem && !session.told_to_migrate {
+    ctx.metrics
+        .last_report_timestamp
+        .set(report.reported_at.timestamp_millis() as f64 / 1000.0);
+    if stored == Stored::LagOnly && !session.told_to_migrate {
         warn!(
-            "the report table has no problem columns, so the operator cannot see why this pod \
-             is not relaying; run `outbox-relay migrate` to add them"
+            "the report table has no problem and table-health columns, so the operator cannot \
+             see why this pod is not relaying or what holds back VACUUM; run `outbox-relay \
+             migrate` to add them"
         );
         session.told_to_migrate = true;
     }
     Ok(())
+}
+
+/// Sets the table-health gauges; the holder series is replaced, so only the current one shows.
+fn publish_table_health(metrics: &Metrics, health: &TableHealth) {
+    let m = &metrics.table;
+    m.horizon_age_seconds.set(health.horizon_age_seconds());
+    m.horizon_age_xids
+        .set(health.horizon.as_ref().map_or(0, |h| h.age_xids));
+    m.horizon_holder.reset();
+    if let Some(holder) = &health.horizon {
+        let pid = holder.pid.map(|p| p.to_string()).unwrap_or_default();
+        let name = holder.name.as_deref().unwrap_or("");
+        m.horizon_holder
+            .with_label_values(&[holder.kind.label(), pid.as_str(), name])
+            .set(1);
+    }
+    m.dead_tuples.set(health.dead_tuples.unwrap_or(0));
+    m.live_tuples.set(health.live_tuples.unwrap_or(0));
+    m.last_vacuum_age_seconds
+        .set(health.last_vacuum_age_seconds.unwrap_or(-1.0));
+    m.pending_index_bytes
+        .set(health.pending_index_bytes.unwrap_or(0));
+    m.autovacuum_enabled
+        .with_label_values(&["server"])
+        .set(i64::from(health.server_autovacuum));
+    m.autovacuum_enabled
+        .with_label_values(&["table"])
+        .set(i64::from(health.table_autovacuum));
 }

@@ -178,6 +178,7 @@ pub async fn run(
         run_reporter(ReporterContext {
             database_url: config.db.database_url.clone(),
             reports_table: config.db.table.reports_table(),
+            table: config.db.table.clone(),
             statements,
             relay: config.db.relay_name.clone(),
             pod: config.pod_name.clone(),

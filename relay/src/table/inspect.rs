@@ -3,6 +3,7 @@
 
 use sqlx::PgConnection;
 
+use crate::table::health::SERVER_AUTOVACUUM_SQL;
 use crate::table::outbox::{ColumnRole, OutboxTable};
 
 /// How the payload column is read and which content type it implies.
@@ -143,10 +144,9 @@ pub async fn inspect(
             missing,
         });
     }
-    let (encoding, server_autovacuum): (String, bool) = sqlx::query_as(
-        "SELECT current_setting('server_encoding'), \
-                current_setting('autovacuum')::bool AND current_setting('track_counts')::bool",
-    )
+    let (encoding, server_autovacuum): (String, bool) = sqlx::query_as(sqlx::AssertSqlSafe(
+        format!("SELECT current_setting('server_encoding'), {SERVER_AUTOVACUUM_SQL}"),
+    ))
     .fetch_one(&mut *conn)
     .await?;
     Ok(TableShape {

@@ -3,6 +3,7 @@
 //! writes SQL.
 
 pub mod connect;
+pub mod health;
 pub mod ident;
 pub mod inspect;
 pub mod migrate;

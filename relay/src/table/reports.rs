@@ -2,12 +2,14 @@
 //!
 //! Every pod upserts one row `(relay, pod)` per report interval with its publish rate and
 //! total, and the problem that keeps it from relaying, if any (so the operator can name it
-//! without reading the pod's logs). Only the pod holding the relay's advisory lock measures the backlog, so N pods do not
-//! run N counts; the count is capped so a huge backlog costs bounded time.
+//! without reading the pod's logs). Only the pod holding the relay's advisory lock measures
+//! the backlog and the table's health, so N pods do not run N counts; the count is capped so a
+//! huge backlog costs bounded time.
 
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, PgConnection};
 
+use crate::table::health::TableHealth;
 use crate::table::ident::TableName;
 use crate::table::sql::Statements;
 
@@ -24,6 +26,7 @@ pub fn create_table_sql(reports: &TableName) -> String {
            publish_rate double precision NOT NULL DEFAULT 0, \
            problem_kind text, \
            problem text, \
+           table_health jsonb, \
            PRIMARY KEY (relay, pod))",
         reports.quoted()
     )
@@ -33,7 +36,7 @@ pub fn create_table_sql(reports: &TableName) -> String {
 pub fn upgrade_table_sql(reports: &TableName) -> String {
     format!(
         "ALTER TABLE {} ADD COLUMN IF NOT EXISTS problem_kind text, \
-         ADD COLUMN IF NOT EXISTS problem text",
+         ADD COLUMN IF NOT EXISTS problem text, ADD COLUMN IF NOT EXISTS table_health jsonb",
         reports.quoted()
     )
 }
@@ -117,15 +120,18 @@ pub struct Report {
     pub publish_rate: f64,
     /// What keeps the pod from relaying at the time of the report; None when it relays.
     pub problem: Option<Problem>,
+    /// The table's health, from the measuring pod only (like the backlog).
+    pub table_health: Option<TableHealth>,
 }
 
 /// What [`upsert_report`] could store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stored {
     Everything,
-    /// The report table predates the problem columns (`outbox-relay migrate` adds them): the
-    /// rest of the report was stored, so the backlog and rates still reach the operator.
-    WithoutProblem,
+    /// The report table predates the problem and table-health columns (`outbox-relay
+    /// migrate` adds them): the lag was stored, so the backlog and rates still reach the
+    /// operator.
+    LagOnly,
 }
 
 /// Writes (or replaces) this pod's report. The backlog columns are only overwritten by the
@@ -138,7 +144,7 @@ pub async fn upsert_report(
     match write_report(conn, reports, report, true).await {
         Err(e) if is_undefined_column(&e) => {
             write_report(conn, reports, report, false).await?;
-            Ok(Stored::WithoutProblem)
+            Ok(Stored::LagOnly)
         }
         written => written.map(|()| Stored::Everything),
     }
@@ -148,13 +154,14 @@ async fn write_report(
     conn: &mut PgConnection,
     reports: &TableName,
     report: &Report,
-    with_problem: bool,
+    with_newer_columns: bool,
 ) -> Result<(), sqlx::Error> {
-    let (columns, values, updates) = if with_problem {
+    let (columns, values, updates) = if with_newer_columns {
         (
-            ", problem_kind, problem",
-            ", $8, $9",
-            ", problem_kind = EXCLUDED.problem_kind, problem = EXCLUDED.problem",
+            ", problem_kind, problem, table_health",
+            ", $8, $9, $10",
+            ", problem_kind = EXCLUDED.problem_kind, problem = EXCLUDED.problem, \
+             table_health = EXCLUDED.table_health",
         )
     } else {
         ("", "", "")
@@ -175,11 +182,12 @@ async fn write_report(
         .bind(report.backlog.and_then(|b| b.oldest_age_seconds))
         .bind(report.published_total)
         .bind(report.publish_rate);
-    if with_problem {
+    if with_newer_columns {
         let problem = report.problem.as_ref();
         query = query
             .bind(problem.map(|p| p.kind.code()))
-            .bind(problem.map(|p| p.message.as_str()));
+            .bind(problem.map(|p| p.message.as_str()))
+            .bind(report.table_health.as_ref().map(sqlx::types::Json));
     }
     query.execute(&mut *conn).await?;
     Ok(())
@@ -210,11 +218,12 @@ pub async fn read_reports(
     .bind(max_age_seconds * 10.0)
     .execute(&mut *conn)
     .await?;
-    // The problem columns are read through to_jsonb, which yields NULL for a column the table
+    // The newer columns are read through to_jsonb, which yields NULL for a column the table
     // lacks: a report table from before them (not migrated yet) still gives the lag.
     let rows: Vec<ReportRow> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT relay, pod, reported_at, backlog, backlog_capped, oldest_age_seconds, published_total, publish_rate, \
-         to_jsonb(r) ->> 'problem_kind' AS problem_kind, to_jsonb(r) ->> 'problem' AS problem FROM {t} AS r WHERE relay = $1 AND reported_at >= now() - make_interval(secs => $2) ORDER BY reported_at DESC"
+         to_jsonb(r) ->> 'problem_kind' AS problem_kind, to_jsonb(r) ->> 'problem' AS problem, \
+         to_jsonb(r) -> 'table_health' AS table_health FROM {t} AS r WHERE relay = $1 AND reported_at >= now() - make_interval(secs => $2) ORDER BY reported_at DESC"
     )))
     .bind(relay)
     .bind(max_age_seconds)
@@ -236,6 +245,7 @@ struct ReportRow {
     publish_rate: f64,
     problem_kind: Option<String>,
     problem: Option<String>,
+    table_health: Option<serde_json::Value>,
 }
 
 impl From<ReportRow> for Report {
@@ -256,6 +266,11 @@ impl From<ReportRow> for Report {
                 message: row.problem.unwrap_or_else(|| code.clone()),
                 kind: ProblemKind::from_code(&code),
             }),
+            // JSON null (a pod that did not measure) and a shape this version cannot read
+            // both mean "no figures": one odd report must not hide the lag.
+            table_health: row
+                .table_health
+                .and_then(|value| serde_json::from_value(value).ok()),
         }
     }
 }
@@ -306,7 +321,7 @@ mod tests {
         let reports = TableName::parse("outbox_messages_reports").unwrap();
         let created = create_table_sql(&reports);
         let upgrade = upgrade_table_sql(&reports);
-        for column in ["problem_kind text", "problem text"] {
+        for column in ["problem_kind text", "problem text", "table_health jsonb"] {
             assert!(created.contains(column), "{created}");
             assert!(
                 upgrade.contains(&format!("ADD COLUMN IF NOT EXISTS {column}")),

@@ -11,6 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use outbox_relay::defaults::BACKLOG_CAP;
 use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::table::health::{HorizonClock, measure_table_health};
 use outbox_relay::table::inspect::{InspectError, inspect};
 use outbox_relay::table::migrate::{MigrateError, migrate};
 use outbox_relay::table::reports::{Report, measure_backlog, read_reports, summarize};
@@ -105,12 +106,18 @@ async fn measure(conn: &mut PgConnection, plan: &RelayPlan) -> Result<LagObserva
     let backlog = measure_backlog(conn, &statements, BACKLOG_CAP)
         .await
         .map_err(|e| e.to_string())?;
+    // A fresh clock: a holder PostgreSQL does not date for the operator's role counts as new,
+    // so with no pod running only holders it can date can make the relay VacuumBlocked.
+    let table_health = measure_table_health(conn, &plan.table, &mut HorizonClock::default())
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(LagObservation {
         backlog: Some(backlog.pending),
         backlog_capped: backlog.capped,
         backlog_age: Some(Duration::ZERO),
         oldest_age_seconds: backlog.oldest_age_seconds,
         measured_by_operator: true,
+        table_health: Some(table_health),
         ..Default::default()
     })
 }
@@ -136,6 +143,11 @@ async fn read(
         .filter(|r| r.backlog.is_some())
         .map(|r| r.reported_at)
         .max();
+    let table_health = reports
+        .iter()
+        .filter_map(|r| Some((r.reported_at, r.table_health.as_ref()?)))
+        .max_by_key(|(at, _)| *at)
+        .map(|(_, health)| health.clone());
     Ok(LagObservation {
         backlog: lag.backlog.map(|b| b.pending),
         backlog_capped: lag.backlog.is_some_and(|b| b.capped),
@@ -145,6 +157,7 @@ async fn read(
         reporting_pods: lag.reporting_pods,
         measured_by_operator: false,
         problem: pod_problem(&reports),
+        table_health,
     })
 }
 

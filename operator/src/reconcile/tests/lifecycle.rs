@@ -116,6 +116,7 @@ fn settled_relay(generation: i64) -> (OutboxRelay, serde_json::Value) {
         desired_replicas: 1,
         selector: crate::reconcile::build::selector_string(&relay),
         scaling: &scaling,
+        vacuum_blocked_after: plan.vacuum_blocked_after,
     };
     relay.status = Some(healthy_status(None, &observation, Timestamp::now()));
     (relay, live)

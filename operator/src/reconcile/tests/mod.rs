@@ -5,3 +5,4 @@ mod failures;
 mod lifecycle;
 mod scaling;
 mod scenario;
+mod table_health;
