@@ -72,7 +72,8 @@ struct Args {
     /// Measured window of one throughput run, in seconds.
     #[arg(long, default_value_t = 15)]
     window: u64,
-    /// Sustained variants to run: mark, mark-no-autovacuum, delete (default all).
+    /// Sustained variants to run: mark, mark-no-autovacuum, mark-held-snapshot, delete (default
+    /// all).
     #[arg(long, value_delimiter = ',')]
     sustained_variants: Vec<String>,
     /// Minutes of each sustained run.

@@ -40,6 +40,10 @@ pub struct Measurement {
     /// Mean time per batch stage, from the relay's histograms (relay runs only).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub stages: BTreeMap<String, StageTime>,
+    /// The relay's table-health gauges at the end of the window (relay runs only): what it
+    /// reported while the run happened.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub table_health: BTreeMap<String, f64>,
     pub series: Vec<Sample>,
 }
 
@@ -118,6 +122,7 @@ where
         cpu_us_per_message: cpu.per_message_us(messages),
         peak_rss_mib: None,
         stages: BTreeMap::new(),
+        table_health: BTreeMap::new(),
         series,
     })
 }

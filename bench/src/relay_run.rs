@@ -95,6 +95,7 @@ async fn run_and_check(
     stopped?;
     measured.peak_rss_mib = peak_rss;
     measured.stages = scrape::stages(&metrics);
+    measured.table_health = scrape::table_health(&metrics);
     let confirmed = scrape::published(&metrics).unwrap_or_default();
 
     let pending_after = fixture.pending().await? as u64;

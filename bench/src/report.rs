@@ -149,9 +149,9 @@ impl Report {
             let _ = writeln!(out, "\n## Sustained (relay at defaults, article rows)\n");
             let _ = writeln!(
                 out,
-                "| variant | msg/s per bucket | last/first | autovacuum runs |"
+                "| variant | msg/s per bucket | last/first | autovacuum runs | claim ms (mean) | horizon age s / dead tuples at the end (relay's report) |"
             );
-            let _ = writeln!(out, "|---|---|---:|---:|");
+            let _ = writeln!(out, "|---|---|---:|---:|---:|---|");
             for s in &self.sustained {
                 let buckets = s
                     .per_bucket
@@ -159,9 +159,22 @@ impl Report {
                     .map(|r| format!("{r:.0}"))
                     .collect::<Vec<_>>()
                     .join(", ");
+                let claim = s
+                    .measurement
+                    .stages
+                    .get("claim")
+                    .map_or("–".into(), |t| format!("{:.2}", t.mean_ms));
+                let health = &s.measurement.table_health;
+                let reported = match (
+                    health.get("cleanup_horizon_age_seconds"),
+                    health.get("table_dead_tuples"),
+                ) {
+                    (Some(age), Some(dead)) => format!("{age:.0} / {dead:.0}"),
+                    _ => "–".into(),
+                };
                 let _ = writeln!(
                     out,
-                    "| {} | {buckets} | {:.2} | {} |",
+                    "| {} | {buckets} | {:.2} | {} | {claim} | {reported} |",
                     s.label, s.last_over_first, s.autovacuum_runs
                 );
             }

@@ -24,6 +24,25 @@ pub fn value(text: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The table-health gauges the measuring relay exports, by name without the prefix.
+pub fn table_health(text: &str) -> BTreeMap<String, f64> {
+    [
+        "cleanup_horizon_age_seconds",
+        "cleanup_horizon_age_xids",
+        "table_dead_tuples",
+        "table_live_tuples",
+        "pending_index_bytes",
+    ]
+    .into_iter()
+    .filter_map(|name| {
+        Some((
+            name.to_string(),
+            value(text, &format!("outbox_relay_{name}"))?,
+        ))
+    })
+    .collect()
+}
+
 pub fn published(text: &str) -> Option<u64> {
     value(text, "outbox_relay_messages_published_total").map(|v| v as u64)
 }

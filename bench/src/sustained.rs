@@ -1,7 +1,9 @@
 //! Sustained mode: one long relay run per delivery mode on a big table, throughput per minute,
 //! so a claim that slows down as processed rows pile up (MVCC bloat at the head of the pending
 //! index) shows. Mark mode runs twice: with the migration's autovacuum settings and without
-//! them, which tells how much of the cure the settings are.
+//! them, which tells how much of the cure the settings are; and a third time with a REPEATABLE
+//! READ transaction held open for the whole run, the production failure no setting cures: no
+//! dead row can be removed, and the relay's table-health figures say why.
 
 use std::time::Duration;
 
@@ -23,7 +25,8 @@ pub struct SustainedOptions {
     pub duration: Duration,
     /// Length of one throughput bucket: a minute, shorter in the smoke run.
     pub bucket: Duration,
-    /// Which variants to run (mark, mark-no-autovacuum, delete); empty means all.
+    /// Which variants to run (mark, mark-no-autovacuum, mark-held-snapshot, delete); empty
+    /// means all.
     pub variants: Vec<String>,
 }
 
@@ -32,6 +35,8 @@ pub struct SustainedRun {
     pub label: String,
     pub mode: &'static str,
     pub autovacuum_settings: bool,
+    /// A snapshot was held open for the whole run.
+    pub held_snapshot: bool,
     /// Messages per second in each full bucket.
     pub per_bucket: Vec<f64>,
     /// Last full bucket over the first.
@@ -71,17 +76,25 @@ pub async fn run(
     options: &SustainedOptions,
 ) -> anyhow::Result<Vec<SustainedRun>> {
     let variants = [
-        ("mark", "mark", DeliveryMode::Mark, true),
+        ("mark", "mark", DeliveryMode::Mark, true, false),
         (
             "mark-no-autovacuum",
             "mark, no autovacuum settings",
             DeliveryMode::Mark,
             false,
+            false,
         ),
-        ("delete", "delete", DeliveryMode::Delete, true),
+        (
+            "mark-held-snapshot",
+            "mark, a snapshot held open",
+            DeliveryMode::Mark,
+            true,
+            true,
+        ),
+        ("delete", "delete", DeliveryMode::Delete, true, false),
     ];
     let mut results = Vec::new();
-    for (index, (key, label, mode, autovacuum)) in variants.into_iter().enumerate() {
+    for (index, (key, label, mode, autovacuum, held)) in variants.into_iter().enumerate() {
         if !options.variants.is_empty() && !options.variants.iter().any(|v| v == key) {
             continue;
         }
@@ -102,6 +115,11 @@ pub async fn run(
         )
         .await?;
         let outcome = async {
+            // A report job's transaction: one read, then idle for the whole run.
+            let holder = match held {
+                true => Some(hold_snapshot(&fixture).await?),
+                false => None,
+            };
             let measurement = measure_relay(
                 env,
                 names,
@@ -120,6 +138,9 @@ pub async fn run(
             .fetch_optional(&mut conn)
             .await?
             .unwrap_or(0);
+            if let Some(mut holder) = holder {
+                sqlx::query("ROLLBACK").execute(&mut holder).await?;
+            }
             anyhow::Ok((measurement, autovacuum_runs))
         }
         .await;
@@ -138,6 +159,7 @@ pub async fn run(
             label: label.to_string(),
             mode: mode.as_str(),
             autovacuum_settings: autovacuum,
+            held_snapshot: held,
             per_bucket,
             last_over_first,
             autovacuum_runs,
@@ -145,6 +167,22 @@ pub async fn run(
         });
     }
     Ok(results)
+}
+
+async fn hold_snapshot(fixture: &Fixture) -> anyhow::Result<sqlx::PgConnection> {
+    let mut conn = fixture.connect().await?;
+    sqlx::query("SET application_name = 'outbox-bench-held-snapshot'")
+        .execute(&mut conn)
+        .await?;
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut conn)
+        .await?;
+    let sql = format!(
+        "SELECT count(*) FROM (SELECT 1 FROM {} LIMIT 1) one",
+        fixture.table.name.quoted()
+    );
+    sqlx::query(AssertSqlSafe(sql)).execute(&mut conn).await?;
+    Ok(conn)
 }
 
 #[cfg(test)]

@@ -201,21 +201,33 @@ WITH sessions AS (
          CASE WHEN active THEN 'active' ELSE 'inactive' END, NULL, xmin, true
   FROM pg_replication_slots WHERE xmin IS NOT NULL
 )
-SELECT kind, pid, name, usr, state, xid::text, age(xid)::bigint,
-       extract(epoch FROM now() - since)::float8, visible
+SELECT kind, pid, name, usr, state, xid::text AS xid, age(xid)::bigint AS age_xids,
+       extract(epoch FROM now() - since)::float8 AS dated_seconds, visible
 FROM holders ORDER BY age(xid) DESC, since NULLS LAST LIMIT 1";
 
-type HolderRow = (
-    String,
-    Option<i32>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    String,
-    i64,
-    Option<f64>,
-    bool,
-);
+#[derive(sqlx::FromRow)]
+struct HolderRow {
+    kind: String,
+    pid: Option<i32>,
+    name: Option<String>,
+    usr: Option<String>,
+    state: Option<String>,
+    xid: String,
+    age_xids: i64,
+    /// NULL when PostgreSQL does not date it for this role (or a slot, which has no start).
+    dated_seconds: Option<f64>,
+    visible: bool,
+}
+
+#[derive(sqlx::FromRow)]
+struct StatsRow {
+    dead_tuples: Option<i64>,
+    live_tuples: Option<i64>,
+    last_vacuum_age_seconds: Option<f64>,
+    pending_index_bytes: Option<i64>,
+    server_autovacuum: bool,
+    table_autovacuum: bool,
+}
 
 /// Measures the health of `table` now. `clock` dates holders PostgreSQL does not date.
 pub async fn measure_table_health(
@@ -227,24 +239,22 @@ pub async fn measure_table_health(
         .fetch_optional(&mut *conn)
         .await?;
     let now = Instant::now();
-    let horizon = row.map(
-        |(kind, pid, name, user, state, xid, age_xids, dated, visible)| {
-            let kind = HolderKind::from_sql(&kind);
-            let key = format!("{kind:?}/{pid:?}/{name:?}/{xid}");
-            let seen_for = now.duration_since(clock.first_seen(key, now)).as_secs_f64();
-            HorizonHolder {
-                kind,
-                pid,
-                name,
-                user,
-                state,
-                xid,
-                age_xids,
-                age_seconds: dated.unwrap_or(seen_for).max(0.0),
-                visible,
-            }
-        },
-    );
+    let horizon = row.map(|row| {
+        let kind = HolderKind::from_sql(&row.kind);
+        let key = format!("{kind:?}/{:?}/{:?}/{}", row.pid, row.name, row.xid);
+        let seen_for = now.duration_since(clock.first_seen(key, now)).as_secs_f64();
+        HorizonHolder {
+            kind,
+            pid: row.pid,
+            name: row.name,
+            user: row.usr,
+            state: row.state,
+            xid: row.xid,
+            age_xids: row.age_xids,
+            age_seconds: row.dated_seconds.unwrap_or(seen_for).max(0.0),
+            visible: row.visible,
+        }
+    });
     if horizon.is_none() {
         clock.seen = None;
     }
@@ -260,39 +270,40 @@ pub async fn measure_table_health(
         })
         .collect();
     let sql = format!(
-        "SELECT s.n_dead_tup, s.n_live_tup, \
-                extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8, \
+        "SELECT s.n_dead_tup AS dead_tuples, s.n_live_tup AS live_tuples, \
+                extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8 \
+                  AS last_vacuum_age_seconds, \
                 (SELECT sum(pg_relation_size(i.indexrelid))::bigint FROM pg_index i \
                    JOIN pg_class ic ON ic.oid = i.indexrelid \
-                   WHERE i.indrelid = c.oid AND ic.relname = ANY($2)), \
-                {SERVER_AUTOVACUUM_SQL}, \
+                   WHERE i.indrelid = c.oid AND ic.relname = ANY($2)) AS pending_index_bytes, \
+                {SERVER_AUTOVACUUM_SQL} AS server_autovacuum, \
                 coalesce((SELECT option_value::bool FROM pg_options_to_table(c.reloptions) \
-                          WHERE option_name = 'autovacuum_enabled'), true) \
+                          WHERE option_name = 'autovacuum_enabled'), true) AS table_autovacuum \
          FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid \
          WHERE c.oid = to_regclass($1)"
     );
-    let stats: Option<(
-        Option<i64>,
-        Option<i64>,
-        Option<f64>,
-        Option<i64>,
-        bool,
-        bool,
-    )> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let stats: Option<StatsRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(table.name.quoted())
         .bind(&index_names)
         .fetch_optional(&mut *conn)
         .await?;
-    let (dead_tuples, live_tuples, last_vacuum_age_seconds, pending_index_bytes, server, own) =
-        stats.unwrap_or((None, None, None, None, false, false));
+    // The table was dropped since the start: nothing to say about it, nothing on.
+    let stats = stats.unwrap_or(StatsRow {
+        dead_tuples: None,
+        live_tuples: None,
+        last_vacuum_age_seconds: None,
+        pending_index_bytes: None,
+        server_autovacuum: false,
+        table_autovacuum: false,
+    });
     Ok(TableHealth {
         horizon,
-        dead_tuples,
-        live_tuples,
-        last_vacuum_age_seconds,
-        pending_index_bytes,
-        server_autovacuum: server,
-        table_autovacuum: own,
+        dead_tuples: stats.dead_tuples,
+        live_tuples: stats.live_tuples,
+        last_vacuum_age_seconds: stats.last_vacuum_age_seconds,
+        pending_index_bytes: stats.pending_index_bytes,
+        server_autovacuum: stats.server_autovacuum,
+        table_autovacuum: stats.table_autovacuum,
     })
 }
 
