@@ -7,7 +7,7 @@ use lapin::ExchangeKind;
 use outbox_tests::{broker, db, process, unique};
 
 #[tokio::test]
-async fn lag_prints_backlog_and_age_as_text_and_json() {
+async fn lag_prints_backlog_age_and_table_health_as_text_and_json() {
     let name = unique("lag");
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 321).await;
@@ -25,6 +25,14 @@ async fn lag_prints_backlog_and_age_as_text_and_json() {
     assert_eq!(code, 0, "{err}");
     assert!(text.contains("backlog: 321\n"), "{text}");
     assert!(text.contains("oldest pending age: 9"), "{text}");
+    // The table's health follows; the shared server's horizon belongs to whoever runs now.
+    for line in [
+        "cleanup horizon: ",
+        "tuples: ",
+        "autovacuum: on for the server",
+    ] {
+        assert!(text.contains(line), "{text}");
+    }
 
     let (code, json, _) = process::run_relay_command(&[
         "lag",
@@ -42,6 +50,7 @@ async fn lag_prints_backlog_and_age_as_text_and_json() {
     assert_eq!(value["backlog"], 100);
     assert_eq!(value["backlogCapped"], true);
     assert!(value["oldestAgeSeconds"].as_f64().unwrap() >= 90.0);
+    assert_eq!(value["tableHealth"]["server_autovacuum"], true, "{value}");
 }
 
 #[tokio::test]

@@ -5,8 +5,9 @@ use std::process::ExitCode;
 use super::shared::{connect, failure, inspect_failure, usage_error};
 use crate::config::{ConfigError, TableArgs};
 use crate::defaults;
+use crate::table::health::{HorizonClock, TableHealth, measure_table_health};
 use crate::table::inspect::inspect;
-use crate::table::reports::measure_backlog;
+use crate::table::reports::{Backlog, measure_backlog};
 use crate::table::sql::Statements;
 
 #[derive(clap::Args)]
@@ -37,31 +38,67 @@ pub async fn command(args: LagArgs) -> ExitCode {
         Err(e) => return inspect_failure(e),
     };
     let statements = Statements::new(&config.table, shape.payload);
-    match measure_backlog(&mut conn, &statements, args.cap).await {
-        Ok(backlog) if args.json => {
+    let measured = async {
+        let backlog = measure_backlog(&mut conn, &statements, args.cap).await?;
+        // One look, so a holder PostgreSQL does not date for this role shows as new.
+        let health =
+            measure_table_health(&mut conn, &config.table, &mut HorizonClock::default()).await?;
+        Ok::<_, sqlx::Error>((backlog, health))
+    }
+    .await;
+    match measured {
+        Ok((backlog, health)) if args.json => {
             let value = serde_json::json!({
                 "table": config.table.name.to_string(),
                 "backlog": backlog.pending,
                 "backlogCapped": backlog.capped,
                 "oldestAgeSeconds": backlog.oldest_age_seconds,
+                "tableHealth": health,
             });
             println!("{value}");
             ExitCode::SUCCESS
         }
-        Ok(backlog) => {
-            let more = if backlog.capped {
-                " or more (count capped)"
-            } else {
-                ""
-            };
-            println!("table: {}", config.table.name);
-            println!("backlog: {}{more}", backlog.pending);
-            match backlog.oldest_age_seconds {
-                Some(age) => println!("oldest pending age: {age:.1} s"),
-                None => println!("oldest pending age: none pending"),
-            }
+        Ok((backlog, health)) => {
+            print_text(&config.table.name.to_string(), &backlog, &health);
             ExitCode::SUCCESS
         }
         Err(e) => failure(e),
     }
+}
+
+fn print_text(table: &str, backlog: &Backlog, health: &TableHealth) {
+    let more = if backlog.capped {
+        " or more (count capped)"
+    } else {
+        ""
+    };
+    println!("table: {table}");
+    println!("backlog: {}{more}", backlog.pending);
+    match backlog.oldest_age_seconds {
+        Some(age) => println!("oldest pending age: {age:.1} s"),
+        None => println!("oldest pending age: none pending"),
+    }
+    match &health.horizon {
+        Some(holder) => println!(
+            "cleanup horizon: {:.0} s, {} transactions old: {holder}",
+            holder.age_seconds, holder.age_xids
+        ),
+        None => println!("cleanup horizon: not held by any other session"),
+    }
+    let count = |n: Option<i64>| n.map_or("unknown".to_string(), |n| n.to_string());
+    println!(
+        "tuples: {} live, {} dead",
+        count(health.live_tuples),
+        count(health.dead_tuples)
+    );
+    match health.last_vacuum_age_seconds {
+        Some(age) => println!("last vacuum: {age:.0} s ago"),
+        None => println!("last vacuum: never"),
+    }
+    let on = |yes: bool| if yes { "on" } else { "OFF" };
+    println!(
+        "autovacuum: {} for the server, {} for the table",
+        on(health.server_autovacuum),
+        on(health.table_autovacuum)
+    );
 }
