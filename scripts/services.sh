@@ -1,21 +1,51 @@
 #!/usr/bin/env bash
-# Makes sure PostgreSQL and RabbitMQ run locally: starts them when installed, installs them with
-# apt when missing and we are root, or says exactly what to run otherwise.
+# Makes sure the test services run locally: PostgreSQL, RabbitMQ (AMQP 0-9-1 and, through its
+# rabbitmq_amqp1_0 plugin, AMQP 1.0 on the same port) and ActiveMQ Artemis (AMQP 1.0). Starts them
+# when installed, installs what is missing with apt when we are root (Artemis itself comes from
+# Maven Central into the cache), or says exactly what to run otherwise.
+#   scripts/services.sh               start whatever is not up
+#   scripts/services.sh stop-artemis  stop the Artemis broker this script started
 set -euo pipefail
 
 PGHOST=127.0.0.1
+ARTEMIS_VERSION=2.40.0 # the newest Maven Central serves as a bin archive; runs on Java 17
+ARTEMIS_PORT=5673      # AMQP 1.0; RabbitMQ holds 5672
+ARTEMIS_MODIFIED_PORT=5674 # the same broker, answering a full address with modified
+ARTEMIS_CORE_PORT=61616
+artemis_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/artemis/$ARTEMIS_VERSION"
+artemis_home="$artemis_dir/apache-artemis-$ARTEMIS_VERSION"
+artemis_instance="$artemis_dir/instance"
+artemis_pidfile="$artemis_instance/data/artemis.pid"
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
 pg_up() { pg_isready -q -h "$PGHOST" -p 5432 2>/dev/null; }
 rabbit_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }
+# amqp10_up HOST PORT: the server answers the AMQP 1.0 SASL protocol header (AMQP 3 1 0 0) with an
+# AMQP 1.0 header of its own. A RabbitMQ without the plugin answers AMQP 0 0 9 1 instead.
+amqp10_up() {
+  local reply
+  # shellcheck disable=SC2016 # $1 and $2 belong to the inner shell
+  reply=$(timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/$2" && printf "AMQP\x03\x01\x00\x00" >&3 && head -c 5 <&3 | od -An -tx1' \
+    _ "$1" "$2" 2>/dev/null) || return 1
+  [ "${reply//[[:space:]]/}" = 414d515003 ]
+}
+artemis_up() { amqp10_up 127.0.0.1 "$ARTEMIS_PORT"; }
+# The pid of the broker this script started, when it still runs (a pid file can outlive a reboot).
+artemis_pid() {
+  local pid
+  pid=$(cat "$artemis_pidfile" 2>/dev/null) && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF "$artemis_instance" \
+    && echo "$pid"
+}
 
 install_missing() {
   local packages=()
   command -v pg_ctlcluster >/dev/null || packages+=(postgresql postgresql-client)
   command -v rabbitmq-server >/dev/null || [ -x /usr/sbin/rabbitmq-server ] || packages+=(rabbitmq-server)
+  command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
+  command -v curl >/dev/null || packages+=(curl)
   [ ${#packages[@]} -eq 0 ] && return 0
   if ! as_root true 2>/dev/null; then
-    echo "PostgreSQL/RabbitMQ are missing. Install them with:" >&2
+    echo "${packages[*]} are missing. Install them with:" >&2
     echo "  sudo apt-get update && sudo apt-get install -y ${packages[*]}" >&2
     exit 1
   fi
@@ -27,6 +57,7 @@ install_missing() {
 start_postgres() {
   pg_up && return 0
   local version
+  # shellcheck disable=SC2012 # the cluster versions are plain numbers
   version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n1)
   if [ -z "$version" ]; then echo "no PostgreSQL cluster found under /etc/postgresql" >&2; exit 1; fi
   echo "starting PostgreSQL $version"
@@ -52,14 +83,145 @@ configure_postgres() {
 
 start_rabbitmq() {
   rabbit_up && return 0
+  # Enabled before the start (offline: no node to talk to yet), the plugin comes up with the node.
+  as_root rabbitmq-plugins -q --offline enable rabbitmq_amqp1_0 >/dev/null || true
   echo "starting RabbitMQ"
   as_root rabbitmq-server -detached
   for _ in $(seq 1 60); do rabbit_up && { sleep 1; return 0; }; sleep 1; done
   echo "RabbitMQ did not start" >&2; exit 1
 }
 
-if ! pg_up || ! rabbit_up; then install_missing; fi
+enable_rabbitmq_amqp10() {
+  # In RabbitMQ 3.10 the plugin shares port 5672 with AMQP 0-9-1: the protocol header decides.
+  amqp10_up 127.0.0.1 5672 && return 0
+  echo "enabling RabbitMQ's AMQP 1.0 plugin (rabbitmq_amqp1_0)"
+  if ! as_root rabbitmq-plugins -q enable rabbitmq_amqp1_0 >/dev/null; then
+    echo "could not enable the plugin. Enable it with:" >&2
+    echo "  sudo rabbitmq-plugins enable rabbitmq_amqp1_0" >&2
+    exit 1
+  fi
+  for _ in $(seq 1 30); do amqp10_up 127.0.0.1 5672 && return 0; sleep 1; done
+  echo "RabbitMQ does not answer AMQP 1.0 on 127.0.0.1:5672 with rabbitmq_amqp1_0 enabled" >&2; exit 1
+}
+
+install_artemis() {
+  [ -x "$artemis_home/bin/artemis" ] && return 0
+  local path="org/apache/activemq/apache-artemis/$ARTEMIS_VERSION/apache-artemis-$ARTEMIS_VERSION-bin.tar.gz"
+  local tarball="$artemis_dir/apache-artemis-$ARTEMIS_VERSION-bin.tar.gz" base want=""
+  echo "downloading ActiveMQ Artemis $ARTEMIS_VERSION from Maven Central"
+  mkdir -p "$artemis_dir"
+  for base in https://repo1.maven.org/maven2 https://repo.maven.apache.org/maven2; do
+    if want=$(curl -fsSL --retry 2 "$base/$path.sha512") && curl -fsSL --retry 2 -o "$tarball" "$base/$path"; then
+      break
+    fi
+    want=""
+  done
+  if [ -z "$want" ]; then echo "could not download $path from Maven Central" >&2; exit 1; fi
+  if [ "$(sha512sum "$tarball" | cut -d' ' -f1)" != "${want%% *}" ]; then
+    rm -f "$tarball"
+    echo "the SHA-512 of $path does not match its .sha512 file" >&2; exit 1
+  fi
+  rm -rf "$artemis_dir/unpack" "$artemis_home"
+  mkdir "$artemis_dir/unpack"
+  tar -xzf "$tarball" -C "$artemis_dir/unpack"
+  mv "$artemis_dir/unpack/apache-artemis-$ARTEMIS_VERSION" "$artemis_home"
+  rm -rf "$artemis_dir/unpack" "$tarball"
+}
+
+create_artemis() {
+  # The marker is written last: an instance cut short is made again.
+  [ -f "$artemis_instance/.outbox-relay" ] && return 0
+  echo "creating the ActiveMQ Artemis broker instance $artemis_instance"
+  rm -rf "$artemis_instance"
+  local log="$artemis_dir/create.log"
+  if ! "$artemis_home/bin/artemis" create --silent --user outbox --password outbox --allow-anonymous \
+    --host 127.0.0.1 --name outbox-test --mapped --no-fsync --java-memory 256M --no-web --no-autotune \
+    --no-hornetq-acceptor --no-mqtt-acceptor --no-stomp-acceptor "$artemis_instance" >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    echo "artemis create failed (log: $log)" >&2; exit 1
+  fi
+  local xml="$artemis_instance/etc/broker.xml"
+  # AMQP 1.0 on 127.0.0.1:5673, and on 127.0.0.1:5674 the same broker answers a full address with
+  # modified (delivery-failed) instead of rejected, to a sender whose source lists amqp:modified:list.
+  # The core acceptor (for the artemis CLI: queue stat, ...) speaks CORE only, on 127.0.0.1:61616.
+  # A test broker must neither halt on a slow CI machine nor block producers on a 90% full disk.
+  sed -i \
+    -e "/<acceptor name=\"amqp\">/s|tcp://127.0.0.1:5672?|tcp://127.0.0.1:$ARTEMIS_PORT?|" \
+    -e "/<acceptor name=\"amqp\">/{p;s|name=\"amqp\">tcp://127.0.0.1:$ARTEMIS_PORT?|name=\"amqp-modified\">tcp://127.0.0.1:$ARTEMIS_MODIFIED_PORT?amqpUseModifiedForTransientDeliveryErrors=true;|}" \
+    -e "/<acceptor name=\"artemis\">/s|tcp://127.0.0.1:61616?|tcp://127.0.0.1:$ARTEMIS_CORE_PORT?|" \
+    -e '/<acceptor name="artemis">/s|protocols=[A-Z,]*|protocols=CORE|' \
+    -e 's|<critical-analyzer-policy>HALT<|<critical-analyzer-policy>LOG<|' \
+    -e 's|<max-disk-usage>90<|<max-disk-usage>-1<|' \
+    "$xml"
+  # Addresses under outbox-full. take one message and reject the next (AMQP rejected,
+  # amqp:resource-limit-exceeded); under outbox-refused. nothing is auto-created, so a sender's
+  # attach is refused (amqp:not-found). Every other address is auto-created on the first attach.
+  sed -i '/<address-setting match="#">/i\
+         <!-- outbox-relay tests: a full address rejects what it is sent -->\
+         <address-setting match="outbox-full.#">\
+            <max-size-messages>1</max-size-messages>\
+            <address-full-policy>FAIL</address-full-policy>\
+         </address-setting>\
+         <!-- outbox-relay tests: an address the broker refuses -->\
+         <address-setting match="outbox-refused.#">\
+            <auto-create-addresses>false</auto-create-addresses>\
+            <auto-create-queues>false</auto-create-queues>\
+         </address-setting>' "$xml"
+  # Anonymous senders are let in (as outbox), but a wrong password fails.
+  sed -i 's|org.apache.activemq.jaas.guest.role="amq";|org.apache.activemq.jaas.guest.role="amq"\
+       credentialsInvalidate=true;|' "$artemis_instance/etc/login.config"
+  # artemis create writes -Xms512M whatever --java-memory says: a heap may not start above its max.
+  sed -i 's|-Xms512M|-Xms64M|' "$artemis_instance/etc/artemis.profile"
+  if ! grep -q "127.0.0.1:$ARTEMIS_PORT?" "$xml" || ! grep -q "127.0.0.1:$ARTEMIS_MODIFIED_PORT?" "$xml" \
+    || ! grep -q 'outbox-full.#' "$xml" || ! grep -q credentialsInvalidate "$artemis_instance/etc/login.config"; then
+    echo "could not configure $xml" >&2; exit 1
+  fi
+  touch "$artemis_instance/.outbox-relay"
+}
+
+start_artemis() {
+  artemis_up && return 0
+  install_artemis
+  create_artemis
+  local pid log="$artemis_instance/log"
+  if ! pid=$(artemis_pid); then
+    echo "starting ActiveMQ Artemis $ARTEMIS_VERSION"
+    # A session of its own, so that it outlives this script; the pid file is artemis-service's.
+    # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
+    setsid bash -c 'echo $$ >"$1"; exec "$2/bin/artemis" run' _ "$artemis_pidfile" "$artemis_instance" \
+      >"$log/console.log" 2>&1 </dev/null &
+  fi
+  local second
+  for second in $(seq 1 90); do
+    artemis_up && return 0
+    [ "$second" -gt 2 ] && ! artemis_pid >/dev/null && break
+    sleep 1
+  done
+  tail -n 30 "$log/console.log" >&2 || true
+  echo "ActiveMQ Artemis did not answer AMQP 1.0 on 127.0.0.1:$ARTEMIS_PORT (logs: $log)" >&2; exit 1
+}
+
+stop_artemis() {
+  local pid
+  if ! pid=$(artemis_pid); then echo "ActiveMQ Artemis is not running"; return 0; fi
+  echo "stopping ActiveMQ Artemis (pid $pid)"
+  kill "$pid"
+  for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || { rm -f "$artemis_pidfile"; return 0; }; sleep 1; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$artemis_pidfile"
+}
+
+case "${1:-}" in
+  "") ;;
+  stop-artemis) stop_artemis; exit 0 ;;
+  *) echo "usage: $0 [stop-artemis]" >&2; exit 2 ;;
+esac
+
+if ! pg_up || ! rabbit_up || ! artemis_up; then install_missing; fi
 start_postgres
 configure_postgres
 start_rabbitmq
-echo "services: PostgreSQL on $PGHOST:5432 and RabbitMQ on 127.0.0.1:5672 are up"
+enable_rabbitmq_amqp10
+start_artemis
+echo "services: PostgreSQL on $PGHOST:5432, RabbitMQ on 127.0.0.1:5672 (AMQP 0-9-1 and 1.0)," \
+  "ActiveMQ Artemis $ARTEMIS_VERSION on 127.0.0.1:$ARTEMIS_PORT (AMQP 1.0; on :$ARTEMIS_MODIFIED_PORT a full address answers modified) are up"

@@ -87,6 +87,11 @@ impl SecretUrl {
     pub fn redacted(&self) -> &str {
         &self.redacted
     }
+
+    /// The scheme, e.g. `amqps`.
+    pub fn scheme(&self) -> &str {
+        self.full.split_once("://").map_or("", |(scheme, _)| scheme)
+    }
 }
 
 fn redact(url: &url::Url) -> String {

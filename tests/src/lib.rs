@@ -1,6 +1,7 @@
 //! Support for the cross-component tests: unique tables and exchanges per test, a consumer
 //! that records every message id, and real `outbox-relay` processes.
 
+pub mod amqp10;
 pub mod broker;
 pub mod chaos;
 pub mod cluster;

@@ -1,9 +1,11 @@
 //! Publishing hides behind two small traits: a [`Connector`] opens a [`Publisher`], which
 //! publishes a batch pipelined and then awaits its confirms. The worker and the batch protocol
 //! are generic over them, so another broker protocol plugs in without touching the claim loop.
-//! RabbitMQ (AMQP 0-9-1, through lapin) is the one implemented, in [`amqp`].
+//! Two are implemented: RabbitMQ's AMQP 0-9-1 (through lapin) in [`amqp`], and AMQP 1.0 (Azure
+//! Service Bus, ActiveMQ Artemis, RabbitMQ's AMQP 1.0; through fe2o3-amqp) in [`amqp10`].
 
 pub mod amqp;
+pub mod amqp10;
 pub mod headers;
 pub mod routing;
 
@@ -14,6 +16,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
+
+/// The wire protocol of the broker.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum BrokerProtocol {
+    /// AMQP 0-9-1: RabbitMQ's own protocol, publishing to an exchange.
+    #[default]
+    Amqp091,
+    /// AMQP 1.0: a sender link to an address (a queue or topic).
+    Amqp10,
+}
+
+impl BrokerProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BrokerProtocol::Amqp091 => "amqp091",
+            BrokerProtocol::Amqp10 => "amqp10",
+        }
+    }
+}
 
 /// One message ready to go out; borrowed from the claimed row, so nothing is copied twice.
 #[derive(Debug, Clone)]
@@ -46,6 +79,9 @@ pub enum Rejection {
     /// Returned by the broker (a mandatory publish nothing was bound for), with its reply.
     #[error("returned by the broker as unroutable: {reply}")]
     Unroutable { reply: String },
+    /// An AMQP 1.0 `rejected` outcome, with the broker's error condition and description.
+    #[error("rejected by the broker: {error}")]
+    Refused { error: String },
 }
 
 /// Why nothing is known about a message: the row stays pending and no attempt is spent.
@@ -57,6 +93,10 @@ pub enum Unconfirmed {
     /// No confirm arrived within the publish timeout.
     #[error("no confirm within the publish timeout")]
     Timeout,
+    /// An AMQP 1.0 `released` or `modified` outcome: the broker did not take the message (for
+    /// example a full queue) and said it may be sent again.
+    #[error("released by the broker without being taken")]
+    Released,
 }
 
 /// What became of one published message.
@@ -78,6 +118,10 @@ pub enum BrokerFailure {
     /// A late confirm on the same channel would be ambiguous, so the channel is replaced.
     #[error("no confirm within {0:?}")]
     ConfirmTimeout(Duration),
+    /// The broker released messages instead of taking them: back off before sending again,
+    /// as after an outage, rather than resend at once into the same refusal.
+    #[error("the broker released {0} message(s) without taking them")]
+    Released(usize),
 }
 
 /// Why a [`Connector`] could not open a publisher. A missing exchange gets its own variant: the
@@ -89,6 +133,11 @@ pub enum ConnectError {
         "exchange {exchange} does not exist on vhost {vhost}: declare it, or pass --declare-exchange TYPE"
     )]
     ExchangeNotFound { exchange: String, vhost: String },
+    /// The AMQP 1.0 broker refused to attach a sender to the address (amqp:not-found).
+    #[error(
+        "address {address} does not exist on the broker ({detail}): create it, or fix --address"
+    )]
+    AddressNotFound { address: String, detail: String },
     /// The broker is down or unreachable, refused the login, or failed otherwise.
     #[error("{0}")]
     Unavailable(Arc<dyn Error + Send + Sync>),

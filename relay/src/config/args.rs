@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::parse::{LogFormat, one_of, positive_duration};
+use crate::broker::BrokerProtocol;
 use crate::broker::routing::ExchangeType;
 use crate::table::outbox::{ColumnRole, DeliveryMode};
 
@@ -126,9 +127,25 @@ impl ColumnArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub table: TableArgs,
-    /// RabbitMQ URL, e.g. amqp://user:password@host:5672/%2f.
+    /// amqp091 (RabbitMQ's AMQP 0-9-1) or amqp10 (AMQP 1.0: Azure Service Bus, ActiveMQ
+    /// Artemis, RabbitMQ's AMQP 1.0). Default: amqp091.
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_BROKER_PROTOCOL",
+        value_parser = one_of::<BrokerProtocol>
+    )]
+    pub broker_protocol: Option<BrokerProtocol>,
+    /// Broker URL, e.g. amqp://user:password@host:5672/%2f (amqp091) or
+    /// amqp://user:password@host:5672 (amqp10; the user and password go through SASL PLAIN).
+    #[arg(long, env = "BROKER_URL", hide_env_values = true)]
+    pub broker_url: Option<String>,
+    /// The AMQP 0-9-1 spelling of --broker-url.
     #[arg(long, env = "AMQP_URL", hide_env_values = true)]
     pub amqp_url: Option<String>,
+    /// AMQP 1.0 target address: a queue or topic (Service Bus: the entity path; RabbitMQ:
+    /// e.g. /amq/queue/NAME). Required with --broker-protocol amqp10.
+    #[arg(long, env = "OUTBOX_RELAY_ADDRESS")]
+    pub address: Option<String>,
     /// Exchange to publish to ("" is the default exchange). Default: outbox.
     #[arg(long, env = "OUTBOX_RELAY_EXCHANGE")]
     pub exchange: Option<String>,

@@ -13,7 +13,10 @@ use crate::table::outbox::{ColumnRole, Columns};
 pub fn run_argv(args: &RunArgs) -> Vec<String> {
     let RunArgs {
         table,
+        broker_protocol,
+        broker_url: _,
         amqp_url: _,
+        address,
         exchange,
         declare_exchange,
         routing_key,
@@ -37,6 +40,8 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
     } = args;
     let mut argv = Argv(vec!["run".to_string()]);
     table_argv(&mut argv, table);
+    argv.named("broker-protocol", broker_protocol);
+    argv.text("address", address);
     argv.text("exchange", exchange);
     argv.named("declare-exchange", declare_exchange);
     argv.text("routing-key", routing_key);
@@ -187,7 +192,10 @@ mod tests {
                 mode: Some(DeliveryMode::Delete),
                 relay_name: Some("shop/orders".into()),
             },
+            broker_protocol: Some(crate::broker::BrokerProtocol::Amqp10),
+            broker_url: None,
             amqp_url: None,
+            address: Some("/amq/queue/sales".into()),
             exchange: Some("sales".into()),
             declare_exchange: Some(ExchangeType::Topic),
             routing_key: Some("sales.static".into()),

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::args::ColumnArgs;
 use super::parse::{ConfigError, LogFormat};
+use crate::broker::BrokerProtocol;
 use crate::broker::routing::ExchangeType;
 use crate::table::outbox::DeliveryMode;
 
@@ -16,7 +17,10 @@ use crate::table::outbox::DeliveryMode;
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub database_url: Option<String>,
+    pub broker_protocol: Option<BrokerProtocol>,
+    pub broker_url: Option<String>,
     pub amqp_url: Option<String>,
+    pub address: Option<String>,
     pub table: Option<String>,
     pub columns: Option<ColumnArgs>,
     pub mode: Option<DeliveryMode>,

@@ -15,6 +15,7 @@ pub use args::{ColumnArgs, RunArgs, TableArgs};
 pub use file::FileConfig;
 pub use parse::{ConfigError, LogFormat, one_of, positive_duration};
 
+use crate::broker::BrokerProtocol;
 use crate::broker::routing::{ExchangeType, RoutingKey};
 use crate::defaults::{self, AMQP_SHORT_STRING_MAX};
 use crate::secret_url::{SecretUrl, UrlKind};
@@ -33,7 +34,10 @@ pub struct TableConfig {
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     pub db: TableConfig,
-    pub amqp_url: SecretUrl,
+    pub broker_protocol: BrokerProtocol,
+    pub broker_url: SecretUrl,
+    /// The AMQP 1.0 target address; `None` under AMQP 0-9-1.
+    pub address: Option<String>,
     pub exchange: String,
     pub declare_exchange: Option<ExchangeType>,
     pub routing_key: RoutingKey,
@@ -125,6 +129,110 @@ fn url(
     SecretUrl::parse(&text, kind).map_err(|e| ConfigError::new(field, e.to_string()))
 }
 
+/// `--broker-url`, else its AMQP 0-9-1 spelling `--amqp-url`: the newer name wins, so a
+/// machine-wide `AMQP_URL` does not stand in the way of one relay's `--broker-url`. An error
+/// names the option the URL came from.
+fn broker_url(args: &RunArgs, file: &FileConfig) -> Result<SecretUrl, ConfigError> {
+    let broker = layer(&args.broker_url, &file.broker_url);
+    let amqp = layer(&args.amqp_url, &file.amqp_url);
+    match (broker, amqp) {
+        (Some(broker), _) => url("broker-url", Some(broker), "BROKER_URL", UrlKind::Amqp),
+        (None, Some(amqp)) => url("amqp-url", Some(amqp), "AMQP_URL", UrlKind::Amqp),
+        (None, None) => Err(ConfigError::new(
+            "broker-url",
+            "is missing; pass --broker-url (or --amqp-url) or set BROKER_URL (or AMQP_URL)",
+        )),
+    }
+}
+
+/// Under AMQP 0-9-1 there is no address: the exchange says where messages go.
+fn amqp091_only(address: bool) -> Result<(), ConfigError> {
+    if address {
+        return Err(ConfigError::new(
+            "address",
+            "is an AMQP 1.0 option; pass --broker-protocol amqp10, or use --exchange with amqp091",
+        ));
+    }
+    Ok(())
+}
+
+/// Under AMQP 1.0 messages go to one address; the options of RabbitMQ's exchanges have no
+/// meaning there, and one given anyway is refused rather than ignored.
+fn amqp10_only(
+    args: &RunArgs,
+    file: &FileConfig,
+    url: &SecretUrl,
+    address: Option<&str>,
+) -> Result<(), ConfigError> {
+    let address = address.ok_or_else(|| {
+        ConfigError::new(
+            "address",
+            "is missing; --broker-protocol amqp10 sends to an address (a queue or topic, e.g. \
+             orders or /amq/queue/orders on RabbitMQ): pass --address or set OUTBOX_RELAY_ADDRESS",
+        )
+    })?;
+    if address.trim().is_empty() {
+        return Err(ConfigError::new("address", "must not be empty"));
+    }
+    if url.scheme() == "amqps" {
+        return Err(ConfigError::new(
+            "broker-url",
+            "amqps:// is not supported with --broker-protocol amqp10 in this version (no TLS \
+             for AMQP 1.0 is built in yet); use amqp:// or a TLS-terminating proxy",
+        ));
+    }
+    let given_091 = [
+        (
+            "exchange",
+            layer(&args.exchange, &file.exchange).is_some(),
+            "--address says where messages go",
+        ),
+        (
+            "declare-exchange",
+            layer(&args.declare_exchange, &file.declare_exchange).is_some(),
+            "create the queue or topic on the broker",
+        ),
+        (
+            "routing-key",
+            layer(&args.routing_key, &file.routing_key).is_some(),
+            "the row's type goes in the subject property",
+        ),
+        (
+            "routing-key-column",
+            args.table.columns.routing_key.is_some()
+                || file
+                    .columns
+                    .as_ref()
+                    .is_some_and(|c| c.routing_key.is_some()),
+            "the row's type goes in the subject property",
+        ),
+        (
+            "mandatory",
+            layer(&args.mandatory, &file.mandatory).is_some(),
+            "an AMQP 1.0 broker refuses an unknown address when the link attaches",
+        ),
+        (
+            "dead-letter-exchange",
+            layer(&args.dead_letter_exchange, &file.dead_letter_exchange).is_some(),
+            "rows given up on keep their error in the error column",
+        ),
+        (
+            "publisher-confirms",
+            layer(&args.publisher_confirms, &file.publisher_confirms) == Some(false),
+            "amqp10 always waits for the broker's outcome",
+        ),
+    ];
+    if let Some((field, _, instead)) = given_091.iter().find(|(_, given, _)| *given) {
+        return Err(ConfigError::new(
+            *field,
+            format!(
+                "is an AMQP 0-9-1 option with no meaning under --broker-protocol amqp10 ({instead}); remove it"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 // Resolution is free functions, not methods of the argument structs: a method counts as part of
 // its type's module, and args would then import the file, which imports args' column mapping.
 
@@ -193,13 +301,13 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
     let file = load_file(&args.table)?;
     let db = resolve_table_with(&args.table, &file)?;
 
-    let amqp_url = url(
-        "amqp-url",
-        layer(&args.amqp_url, &file.amqp_url),
-        "AMQP_URL",
-        UrlKind::Amqp,
-    )?;
-
+    let broker_protocol = layer(&args.broker_protocol, &file.broker_protocol).unwrap_or_default();
+    let broker_url = broker_url(args, &file)?;
+    let address = layer(&args.address, &file.address);
+    match broker_protocol {
+        BrokerProtocol::Amqp091 => amqp091_only(address.is_some())?,
+        BrokerProtocol::Amqp10 => amqp10_only(args, &file, &broker_url, address.as_deref())?,
+    }
     let exchange =
         layer(&args.exchange, &file.exchange).unwrap_or_else(|| defaults::EXCHANGE.into());
     short_string("exchange", &exchange)?;
@@ -251,7 +359,9 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
 
     Ok(RelayConfig {
         db,
-        amqp_url,
+        broker_protocol,
+        broker_url,
+        address,
         exchange,
         declare_exchange: layer(&args.declare_exchange, &file.declare_exchange),
         routing_key,
@@ -307,6 +417,104 @@ mod tests {
             amqp_url: Some("amqp://guest:guest@localhost:5672/%2f".into()),
             ..Default::default()
         }
+    }
+
+    fn amqp10_args() -> RunArgs {
+        RunArgs {
+            broker_protocol: Some(BrokerProtocol::Amqp10),
+            broker_url: Some("amqp://outbox:outbox@localhost:5673".into()),
+            amqp_url: None,
+            address: Some("orders".into()),
+            ..run_args()
+        }
+    }
+
+    #[test]
+    fn amqp10_needs_an_address_and_refuses_the_options_of_exchanges() {
+        let config = resolve_run(&amqp10_args()).unwrap();
+        assert_eq!(config.broker_protocol, BrokerProtocol::Amqp10);
+        assert_eq!(config.address.as_deref(), Some("orders"));
+        type Mutation = Box<dyn Fn(&mut RunArgs)>;
+        let refused: Vec<(Mutation, &str)> = vec![
+            (Box::new(|a| a.address = None), "address"),
+            (Box::new(|a| a.address = Some(" ".into())), "address"),
+            (Box::new(|a| a.exchange = Some("orders".into())), "exchange"),
+            (
+                Box::new(|a| a.declare_exchange = Some(ExchangeType::Topic)),
+                "declare-exchange",
+            ),
+            (
+                Box::new(|a| a.routing_key = Some("k".into())),
+                "routing-key",
+            ),
+            (
+                Box::new(|a| a.table.columns.routing_key = Some("rk".into())),
+                "routing-key-column",
+            ),
+            (Box::new(|a| a.mandatory = Some(true)), "mandatory"),
+            (
+                Box::new(|a| a.dead_letter_exchange = Some("dlx".into())),
+                "dead-letter-exchange",
+            ),
+            (
+                Box::new(|a| a.publisher_confirms = Some(false)),
+                "publisher-confirms",
+            ),
+            (
+                Box::new(|a| a.broker_url = Some("amqps://u:secret-pw@sb.example:5671".into())),
+                "broker-url",
+            ),
+        ];
+        for (mutate, field) in refused {
+            let mut args = amqp10_args();
+            mutate(&mut args);
+            let err = resolve_run(&args).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+            assert!(!err.to_string().contains("secret-pw"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_broker_url_has_two_spellings_and_the_newer_one_wins() {
+        let by_new_name = RunArgs {
+            broker_url: Some("amqp://guest:guest@localhost:5672/%2f".into()),
+            amqp_url: None,
+            ..run_args()
+        };
+        assert!(resolve_run(&by_new_name).is_ok());
+        let both_same = RunArgs {
+            broker_url: by_new_name.broker_url.clone(),
+            ..run_args()
+        };
+        assert!(resolve_run(&both_same).is_ok());
+        let differ = RunArgs {
+            broker_url: Some("amqp://other:pw@elsewhere:5672/%2f".into()),
+            ..run_args()
+        };
+        let chosen = resolve_run(&differ).unwrap().broker_url;
+        assert_eq!(chosen.redacted(), "amqp://other:***@elsewhere:5672/%2f");
+        let bad_new = RunArgs {
+            broker_url: Some("http://x".into()),
+            ..run_args()
+        };
+        assert_eq!(resolve_run(&bad_new).unwrap_err().field, "broker-url");
+        let neither = RunArgs {
+            amqp_url: None,
+            ..run_args()
+        };
+        let missing = resolve_run(&neither).unwrap_err();
+        assert!(
+            missing.to_string().contains("--broker-url (or --amqp-url)"),
+            "{missing}"
+        );
+        let address_under_091 = RunArgs {
+            address: Some("orders".into()),
+            ..run_args()
+        };
+        assert_eq!(
+            resolve_run(&address_under_091).unwrap_err().field,
+            "address"
+        );
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub enum FailureReason {
     Nack,
     /// The broker returned the message as unroutable (mandatory publish).
     Unroutable,
+    /// An AMQP 1.0 broker answered `rejected`.
+    Rejected,
+    /// An AMQP 1.0 broker answered `released` or `modified`: not taken, no attempt spent.
+    Released,
     /// The row cannot become a message (NULL payload, over-long type, bad headers).
     Malformed,
     /// No confirm within the publish timeout.
@@ -55,6 +59,8 @@ impl FailureReason {
         match self {
             FailureReason::Nack => "nack",
             FailureReason::Unroutable => "unroutable",
+            FailureReason::Rejected => "rejected",
+            FailureReason::Released => "released",
             FailureReason::Malformed => "malformed",
             FailureReason::Timeout => "timeout",
             FailureReason::BrokerUnavailable => "broker_unavailable",

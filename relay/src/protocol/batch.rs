@@ -120,6 +120,7 @@ fn rejection_reason(rejection: &Rejection) -> FailureReason {
     match rejection {
         Rejection::Nack => FailureReason::Nack,
         Rejection::Unroutable { .. } => FailureReason::Unroutable,
+        Rejection::Refused { .. } => FailureReason::Rejected,
     }
 }
 
@@ -128,6 +129,7 @@ fn unconfirmed_reason(unconfirmed: Unconfirmed) -> FailureReason {
     match unconfirmed {
         Unconfirmed::BrokerUnavailable => FailureReason::BrokerUnavailable,
         Unconfirmed::Timeout => FailureReason::Timeout,
+        Unconfirmed::Released => FailureReason::Released,
     }
 }
 

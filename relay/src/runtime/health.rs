@@ -39,6 +39,10 @@ fn problem_of(error: &ConnectError) -> Option<Problem> {
             kind: ProblemKind::ExchangeNotFound,
             message: error.to_string(),
         }),
+        ConnectError::AddressNotFound { .. } => Some(Problem {
+            kind: ProblemKind::AddressNotFound,
+            message: error.to_string(),
+        }),
         ConnectError::Unavailable(_) => None,
     }
 }

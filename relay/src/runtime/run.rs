@@ -10,6 +10,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, instrument, warn};
 
 use crate::broker::amqp::{AmqpConnector, AmqpSettings};
+use crate::broker::amqp10::{Amqp10Connector, Amqp10Settings};
+use crate::broker::{BrokerProtocol, Connector};
 use crate::config::RelayConfig;
 use crate::metrics::Metrics;
 use crate::protocol::batch::BatchSettings;
@@ -39,6 +41,18 @@ pub enum RunError {
 impl RunError {
     pub fn is_user_error(&self) -> bool {
         matches!(self, RunError::Table(_) | RunError::Bind { .. })
+    }
+}
+
+/// Starts `count` workers with the connector `context` holds: the one place that is generic
+/// over the broker protocol.
+fn spawn_workers<C: Connector>(
+    workers: &mut tokio::task::JoinSet<()>,
+    context: WorkerContext<C>,
+    count: usize,
+) {
+    for worker in 0..count {
+        workers.spawn(run_worker(context.clone(), worker).in_current_span());
     }
 }
 
@@ -119,27 +133,15 @@ pub async fn run(
     let (wake_tx, wake_rx) = watch::channel(0u64);
 
     let workers_stop = shutdown.child_token();
-    let context = WorkerContext {
+    let content_type = config
+        .content_type
+        .clone()
+        .unwrap_or_else(|| shape.payload.default_content_type().to_string());
+    let connection_name = format!("outbox-relay {} {}", config.db.relay_name, config.pod_name);
+    // Everything but the connector, which depends on the protocol.
+    let shared = WorkerContext {
         database_url: config.db.database_url.clone(),
-        broker: AmqpConnector {
-            url: config.amqp_url.clone(),
-            settings: AmqpSettings {
-                exchange: config.exchange.clone(),
-                dead_letter_exchange: config.dead_letter_exchange.clone(),
-                confirms: config.publisher_confirms,
-                mandatory: config.mandatory,
-                timeout: config.publish_timeout,
-                content_type: config
-                    .content_type
-                    .clone()
-                    .unwrap_or_else(|| shape.payload.default_content_type().to_string()),
-                declare_exchange: config.declare_exchange,
-                connection_name: format!(
-                    "outbox-relay {} {}",
-                    config.db.relay_name, config.pod_name
-                ),
-            },
-        },
+        broker: (),
         statements: statements.clone(),
         settings: BatchSettings {
             batch_size: config.batch_size,
@@ -158,8 +160,35 @@ pub async fn run(
         health: health.clone(),
     };
     let mut workers = tokio::task::JoinSet::new();
-    for worker in 0..config.workers {
-        workers.spawn(run_worker(context.clone(), worker).in_current_span());
+    match config.broker_protocol {
+        BrokerProtocol::Amqp091 => {
+            let connector = AmqpConnector {
+                url: config.broker_url.clone(),
+                settings: AmqpSettings {
+                    exchange: config.exchange.clone(),
+                    dead_letter_exchange: config.dead_letter_exchange.clone(),
+                    confirms: config.publisher_confirms,
+                    mandatory: config.mandatory,
+                    timeout: config.publish_timeout,
+                    content_type,
+                    declare_exchange: config.declare_exchange,
+                    connection_name,
+                },
+            };
+            spawn_workers(&mut workers, shared.with_broker(connector), config.workers);
+        }
+        BrokerProtocol::Amqp10 => {
+            let connector = Amqp10Connector {
+                url: config.broker_url.clone(),
+                settings: Amqp10Settings {
+                    address: config.address.clone().unwrap_or_default(),
+                    timeout: config.publish_timeout,
+                    content_type,
+                    container_id: connection_name,
+                },
+            };
+            spawn_workers(&mut workers, shared.with_broker(connector), config.workers);
+        }
     }
 
     let background_stop = CancellationToken::new();

@@ -39,6 +39,24 @@ pub struct WorkerContext<C> {
     pub health: Health,
 }
 
+impl<C> WorkerContext<C> {
+    /// The same context with another connector.
+    pub fn with_broker<D>(self, broker: D) -> WorkerContext<D> {
+        WorkerContext {
+            database_url: self.database_url,
+            broker,
+            statements: self.statements,
+            settings: self.settings,
+            poll_interval: self.poll_interval,
+            metrics: self.metrics,
+            shutdown: self.shutdown,
+            wake: self.wake,
+            published_total: self.published_total,
+            health: self.health,
+        }
+    }
+}
+
 /// Tracks one connection's contribution to a "connected" gauge.
 struct ConnectedFlag {
     gauge: prometheus::IntGauge,
@@ -207,7 +225,9 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
 fn log_broker_failure(error: &ConnectError, endpoint: &(dyn Display + Sync), delay: Duration) {
     let retry_in_ms = delay.as_millis();
     match error {
-        ConnectError::ExchangeNotFound { .. } => warn!(retry_in_ms, "{error}"),
+        ConnectError::ExchangeNotFound { .. } | ConnectError::AddressNotFound { .. } => {
+            warn!(retry_in_ms, "{error}");
+        }
         ConnectError::Unavailable(_) => {
             warn!(endpoint = %endpoint, error = %error, retry_in_ms, "cannot reach the broker; retrying");
         }

@@ -47,6 +47,8 @@ pub fn upgrade_table_sql(reports: &TableName) -> String {
 pub enum ProblemKind {
     /// The exchange to publish to (or the dead-letter exchange) is missing on the broker.
     ExchangeNotFound,
+    /// The AMQP 1.0 broker has no node at the target address.
+    AddressNotFound,
     /// A code this version does not know, written by a newer relay; kept as written.
     Other(String),
 }
@@ -56,6 +58,7 @@ impl ProblemKind {
     pub fn code(&self) -> &str {
         match self {
             ProblemKind::ExchangeNotFound => "ExchangeNotFound",
+            ProblemKind::AddressNotFound => "AddressNotFound",
             ProblemKind::Other(code) => code,
         }
     }
@@ -63,6 +66,7 @@ impl ProblemKind {
     pub fn from_code(code: &str) -> Self {
         match code {
             "ExchangeNotFound" => ProblemKind::ExchangeNotFound,
+            "AddressNotFound" => ProblemKind::AddressNotFound,
             other => ProblemKind::Other(other.to_string()),
         }
     }

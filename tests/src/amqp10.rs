@@ -1,0 +1,167 @@
+//! An AMQP 1.0 consumer on a real broker (RabbitMQ's AMQP 1.0 plugin, ActiveMQ Artemis) that
+//! records every message it receives, as a consumer of the relay's messages would see them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fe2o3_amqp::types::messaging::{Body, Message, MessageId, Source};
+use fe2o3_amqp::types::primitives::{Array, SimpleValue, Symbol, Value};
+use fe2o3_amqp::{Connection, Receiver, Session};
+use uuid::Uuid;
+
+/// The brokers the tests reach: RabbitMQ's plugin shares 5672 with AMQP 0-9-1; Artemis listens
+/// on 5673 (see scripts/services.sh).
+pub const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:5672";
+pub const ARTEMIS_URL: &str = "amqp://outbox:outbox@127.0.0.1:5673";
+/// The same Artemis, on the acceptor that answers `modified` for a full address.
+pub const ARTEMIS_MODIFIED_URL: &str = "amqp://outbox:outbox@127.0.0.1:5674";
+/// Artemis address prefixes that services.sh configures: a full address after one message
+/// (`rejected`, or `modified` on the second acceptor), and addresses it will not create.
+pub const ARTEMIS_FULL_PREFIX: &str = "outbox-full.";
+pub const ARTEMIS_REFUSED_PREFIX: &str = "outbox-refused.";
+
+/// One received message, as the consumer saw its properties.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pub subject: Option<String>,
+    pub content_type: Option<String>,
+    pub creation_time_ms: Option<i64>,
+    pub durable: bool,
+    pub application_properties: HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+#[derive(Default, Debug)]
+pub struct Received {
+    pub counts: HashMap<Uuid, u32>,
+    pub total: u64,
+    /// Messages whose message-id is not a row id.
+    pub foreign: u64,
+    pub first: HashMap<Uuid, Seen>,
+}
+
+pub struct Consumer {
+    pub received: Arc<Mutex<Received>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Attaches a receiver to `address` and records every message until [`Consumer::stop`].
+pub async fn consume(url: &str, address: &str) -> Consumer {
+    let mut connection = Connection::open(crate::unique("test-consumer"), url)
+        .await
+        .unwrap_or_else(|e| panic!("AMQP 1.0 broker at {address} (make services): {e}"));
+    let mut session = Session::begin(&mut connection).await.unwrap();
+    // From the queue at the address (Artemis: anycast), as the relay's sender sends to it.
+    let source = Source::builder()
+        .address(address.to_string())
+        .capabilities(Array::from(vec![Symbol::from("queue")]))
+        .build();
+    let mut receiver = Receiver::builder()
+        .name(crate::unique("receiver"))
+        .source(source)
+        .attach(&mut session)
+        .await
+        .unwrap_or_else(|e| panic!("attach a receiver to {address}: {e}"));
+    let received = Arc::new(Mutex::new(Received::default()));
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let seen = received.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let delivery = tokio::select! {
+                delivery = receiver.recv::<Body<Value>>() => delivery,
+                _ = &mut stopped => break,
+            };
+            let Ok(delivery) = delivery else { break };
+            record(&seen, delivery.message());
+            if receiver.accept(&delivery).await.is_err() {
+                break;
+            }
+        }
+        let _ = receiver.close().await;
+        let _ = session.end().await;
+        let _ = connection.close().await;
+    });
+    Consumer {
+        received,
+        stop,
+        task,
+    }
+}
+
+fn record(received: &Mutex<Received>, message: &Message<Body<Value>>) {
+    let mut received = received.lock().unwrap();
+    received.total += 1;
+    let properties = message.properties.clone().unwrap_or_default();
+    let id = match &properties.message_id {
+        Some(MessageId::String(text)) => Uuid::parse_str(text).ok(),
+        _ => None,
+    };
+    let Some(id) = id else {
+        received.foreign += 1;
+        return;
+    };
+    *received.counts.entry(id).or_default() += 1;
+    let body = match &message.body {
+        Body::Data(batch) => batch.iter().flat_map(|data| data.0.to_vec()).collect(),
+        _ => Vec::new(),
+    };
+    let application_properties = message
+        .application_properties
+        .as_ref()
+        .map(|props| {
+            props
+                .0
+                .iter()
+                .map(|(name, value)| (name.clone(), simple_text(value)))
+                .collect()
+        })
+        .unwrap_or_default();
+    received.first.entry(id).or_insert(Seen {
+        subject: properties.subject.clone(),
+        content_type: properties.content_type.as_ref().map(|s| s.0.clone()),
+        creation_time_ms: properties.creation_time.map(|t| t.milliseconds()),
+        durable: message.header.as_ref().is_some_and(|h| h.durable),
+        application_properties,
+        body,
+    });
+}
+
+fn simple_text(value: &SimpleValue) -> String {
+    match value {
+        SimpleValue::String(text) => text.clone(),
+        SimpleValue::Long(n) => n.to_string(),
+        SimpleValue::Bool(flag) => flag.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+impl Consumer {
+    pub fn total(&self) -> u64 {
+        self.received.lock().unwrap().total
+    }
+
+    pub fn distinct(&self) -> usize {
+        self.received.lock().unwrap().counts.len()
+    }
+
+    pub fn duplicates(&self) -> usize {
+        self.received
+            .lock()
+            .unwrap()
+            .counts
+            .values()
+            .filter(|n| **n > 1)
+            .count()
+    }
+
+    pub fn seen(&self, id: &Uuid) -> Option<Seen> {
+        self.received.lock().unwrap().first.get(id).cloned()
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}

@@ -1,0 +1,323 @@
+//! `--broker-protocol amqp10` against two real AMQP 1.0 brokers that scripts/services.sh
+//! starts: RabbitMQ's AMQP 1.0 plugin and ActiveMQ Artemis. Rows reach an AMQP 1.0 consumer
+//! exactly once with the message properties the docs promise, nothing stays pending, and a
+//! target the broker does not have is named on /readyz.
+
+use std::time::Duration;
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use outbox_relay::table::OutboxTable;
+use outbox_relay::table::ident::Ident;
+use outbox_tests::amqp10::{
+    self, ARTEMIS_FULL_PREFIX, ARTEMIS_MODIFIED_URL, ARTEMIS_REFUSED_PREFIX, ARTEMIS_URL,
+    RABBITMQ_URL,
+};
+use outbox_tests::{db, http, process, unique, wait};
+
+const ROWS: u64 = 100_000;
+
+/// Where the relay sends and the consumer receives on each broker.
+#[derive(Clone, Copy)]
+enum Broker {
+    RabbitMq,
+    Artemis,
+}
+
+impl Broker {
+    fn url(self) -> &'static str {
+        match self {
+            Broker::RabbitMq => RABBITMQ_URL,
+            Broker::Artemis => ARTEMIS_URL,
+        }
+    }
+
+    /// A fresh queue and the address that reaches it. RabbitMQ 3.10's plugin sends to an
+    /// existing queue at /amq/queue/NAME; Artemis creates the queue of an address on demand.
+    async fn queue(self, name: &str) -> String {
+        match self {
+            Broker::RabbitMq => {
+                let connection = lapin::Connection::connect(
+                    &outbox_tests::amqp_url(),
+                    lapin::ConnectionProperties::default(),
+                )
+                .await
+                .unwrap();
+                let channel = connection.create_channel().await.unwrap();
+                channel
+                    .queue_declare(
+                        name.into(),
+                        QueueDeclareOptions {
+                            durable: true,
+                            ..Default::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+                    .unwrap();
+                let _ = connection.close(0, "declared".into()).await;
+                format!("/amq/queue/{name}")
+            }
+            Broker::Artemis => name.to_string(),
+        }
+    }
+}
+
+fn amqp10_args<'a>(table: &'a str, broker: Broker, address: &'a str) -> Vec<&'a str> {
+    vec![
+        "run",
+        "--table",
+        table,
+        "--broker-protocol",
+        "amqp10",
+        "--broker-url",
+        broker.url(),
+        "--address",
+        address,
+        "--headers-column",
+        "headers",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--poll-interval",
+        "50ms",
+        "--report-interval",
+        "1s",
+    ]
+}
+
+async fn delivers_every_row_once(broker: Broker) {
+    let name = unique("amqp10");
+    let mut table: OutboxTable = db::table(&name);
+    table.columns.headers = Some(Ident::new("headers").unwrap());
+    let mut conn = db::seeded_table(&table, ROWS).await;
+    let t = table.name.quoted();
+    db::exec(
+        &mut conn,
+        &format!(
+            "UPDATE {t} SET headers = '{{\"region\": \"eu\", \"tries\": 7, \"nested\": {{\"a\": [1]}}}}' \
+             WHERE id = (SELECT id FROM {t} ORDER BY occurred_on_utc LIMIT 1)"
+        ),
+    )
+    .await;
+    let address = broker.queue(&name).await;
+    let consumer = amqp10::consume(broker.url(), &address).await;
+    let args = amqp10_args(&name, broker, &address);
+    let mut relay = process::spawn_relay(&name, &args);
+
+    let drained = db::wait_until_drained(&table, Duration::from_secs(240)).await;
+    assert!(drained, "rows still pending:\n{}", relay.log_text());
+    let arrived = wait::holds(
+        "every row reached the AMQP 1.0 consumer",
+        Duration::from_secs(60),
+        || async { consumer.distinct() as u64 >= ROWS },
+    )
+    .await;
+    assert!(
+        arrived,
+        "{} of {ROWS} distinct ids arrived",
+        consumer.distinct()
+    );
+    relay.terminate(Duration::from_secs(20)).await;
+    // Nothing more may come after the drain: wait a moment for a late duplicate.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(consumer.duplicates(), 0, "duplicates without any fault");
+    assert_eq!(consumer.total(), ROWS);
+
+    // The message of the row with headers, as the consumer saw it.
+    let (id, kind, payload, occurred_ms) =
+        sqlx::query_as::<_, (uuid::Uuid, String, String, i64)>(sqlx::AssertSqlSafe(format!(
+            "SELECT id, type, content::text, (extract(epoch FROM occurred_on_utc) * 1000)::bigint \
+             FROM {t} WHERE headers IS NOT NULL"
+        )))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let seen = consumer.seen(&id).expect("the row with headers arrived");
+    assert_eq!(seen.subject.as_deref(), Some(kind.as_str()));
+    assert_eq!(seen.content_type.as_deref(), Some("application/json"));
+    assert!(seen.durable, "sent durable");
+    // AMQP timestamps are whole seconds in the relay's message, as in 0-9-1.
+    let created = seen.creation_time_ms.expect("creation-time");
+    assert!(
+        (created - occurred_ms).abs() < 1000,
+        "{created} vs {occurred_ms}"
+    );
+    let props = &seen.application_properties;
+    assert_eq!(props.get("region").map(String::as_str), Some("eu"));
+    assert_eq!(props.get("tries").map(String::as_str), Some("7"));
+    assert_eq!(props.get("nested").map(String::as_str), Some("{\"a\":[1]}"));
+    let body: serde_json::Value = serde_json::from_slice(&seen.body).unwrap();
+    assert_eq!(
+        body,
+        serde_json::from_str::<serde_json::Value>(&payload).unwrap()
+    );
+    consumer.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_reach_rabbitmq_over_amqp10_exactly_once() {
+    delivers_every_row_once(Broker::RabbitMq).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_reach_artemis_over_amqp10_exactly_once() {
+    delivers_every_row_once(Broker::Artemis).await;
+}
+
+/// Artemis refuses a sender to an address it will not create (amqp:not-found): the relay
+/// names the address on /readyz and relays nothing. (RabbitMQ 3.10's plugin accepts a send to
+/// a missing /amq/queue/NAME and drops it; the README says so.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_the_broker_refuses_is_named_on_readyz() {
+    let name = unique("amqp10_missing");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 10).await;
+    let address = format!("{ARTEMIS_REFUSED_PREFIX}{name}");
+    let mut args = amqp10_args(&name, Broker::Artemis, &address);
+    args.retain(|a| *a != "--headers-column" && *a != "headers");
+    let relay = process::spawn_relay(&name, &args);
+    let addr = wait::for_value(
+        "the relay logs its metrics address",
+        Duration::from_secs(20),
+        || async { http::metrics_addr(&relay.log_text()) },
+    )
+    .await
+    .unwrap();
+    let named = wait::until(
+        "/readyz names the refused address",
+        Duration::from_secs(20),
+        || async {
+            let (code, body) = http::get(&addr, "/readyz").await;
+            code == 503 && body.contains(&format!("address {address} does not exist"))
+        },
+    )
+    .await;
+    assert!(named.is_ok(), "{}", relay.log_text());
+    assert_eq!(db::pending(&mut conn, &table).await, 10);
+}
+
+/// Rows of a table with an attempts column, and how many are settled, pending or carry an
+/// error: (published without error, dead-lettered with error, pending, attempts spent).
+async fn tally(conn: &mut sqlx::PgConnection, table: &OutboxTable) -> (i64, i64, i64, i64) {
+    let t = table.name.quoted();
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FILTER (WHERE processed_on_utc IS NOT NULL AND error IS NULL), \
+                count(*) FILTER (WHERE processed_on_utc IS NOT NULL AND error IS NOT NULL), \
+                count(*) FILTER (WHERE processed_on_utc IS NULL), \
+                coalesce(sum(attempts), 0)::bigint FROM {t}"
+    )))
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// A full Artemis address answers `rejected` (amqp:resource-limit-exceeded) to all but the
+/// first message: each rejection spends an attempt, and after max attempts the row is
+/// dead-lettered with the broker's words in its error column; the accepted one is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_message_spends_attempts_and_is_dead_lettered() {
+    let name = unique("amqp10_rejected");
+    let mut table = db::table(&name);
+    table.columns.attempts = Some(Ident::new("attempts").unwrap());
+    let mut conn = db::seeded_table(&table, 5).await;
+    let address = format!("{ARTEMIS_FULL_PREFIX}{name}");
+    let mut args = amqp10_args(&name, Broker::Artemis, &address);
+    args.retain(|a| *a != "--headers-column" && *a != "headers");
+    args.extend([
+        "--attempts-column",
+        "attempts",
+        "--max-attempts",
+        "2",
+        "--workers",
+        "1",
+    ]);
+    let relay = process::spawn_relay(&name, &args);
+    let settled = wait::holds("every row settled", Duration::from_secs(30), || async {
+        db::pending(&mut db::connect().await, &table).await == 0
+    })
+    .await;
+    assert!(settled, "{}", relay.log_text());
+    let (published, dead, pending, attempts) = tally(&mut conn, &table).await;
+    assert_eq!(
+        (published, dead, pending),
+        (1, 4, 0),
+        "{}",
+        relay.log_text()
+    );
+    assert_eq!(attempts, 8, "two rejections for each of the four");
+    let error: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT error FROM {} WHERE error IS NOT NULL LIMIT 1",
+        table.name.quoted()
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        error.contains("rejected by the broker") && error.contains("resource-limit-exceeded"),
+        "{error}"
+    );
+}
+
+/// On the acceptor that answers `modified` for a full address, the messages the broker did
+/// not take stay pending with no attempt spent and the relay backs off; once a consumer makes
+/// room, every row arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modified_message_stays_pending_without_spending_an_attempt() {
+    let name = unique("amqp10_modified");
+    let mut table = db::table(&name);
+    table.columns.attempts = Some(Ident::new("attempts").unwrap());
+    let mut conn = db::seeded_table(&table, 5).await;
+    let address = format!("{ARTEMIS_FULL_PREFIX}{name}");
+    let args_base = amqp10_args(&name, Broker::Artemis, &address);
+    let mut args: Vec<&str> = args_base
+        .iter()
+        .map(|a| {
+            if *a == ARTEMIS_URL {
+                ARTEMIS_MODIFIED_URL
+            } else {
+                a
+            }
+        })
+        .filter(|a| *a != "--headers-column" && *a != "headers")
+        .collect();
+    args.extend([
+        "--attempts-column",
+        "attempts",
+        "--workers",
+        "1",
+        "--publish-timeout",
+        "2s",
+    ]);
+    let relay = process::spawn_relay(&name, &args);
+    let one = wait::holds(
+        "the first row is published",
+        Duration::from_secs(30),
+        || async { tally(&mut db::connect().await, &table).await.0 == 1 },
+    )
+    .await;
+    assert!(one, "{}", relay.log_text());
+    // Several sends later, nothing else is settled and no attempt was spent.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        tally(&mut conn, &table).await,
+        (1, 0, 4, 0),
+        "{}",
+        relay.log_text()
+    );
+    assert!(
+        relay.log_text().contains("released"),
+        "{}",
+        relay.log_text()
+    );
+
+    let consumer = amqp10::consume(ARTEMIS_URL, &address).await;
+    let drained = db::wait_until_drained(&table, Duration::from_secs(60)).await;
+    assert!(drained, "{}", relay.log_text());
+    assert_eq!(tally(&mut conn, &table).await, (5, 0, 0, 0));
+    let arrived = wait::holds("all five arrived", Duration::from_secs(20), || async {
+        consumer.distinct() == 5
+    })
+    .await;
+    assert!(arrived, "{} arrived", consumer.distinct());
+    consumer.stop().await;
+}
