@@ -1,8 +1,10 @@
 //! Prometheus metrics of one relay process. Each process owns its registry (not the global
 //! one) so tests can run several relays side by side.
 
+mod registry;
 mod table_health;
 
+pub use registry::registered;
 pub use table_health::TableHealthMetrics;
 
 use prometheus::{
@@ -86,19 +88,6 @@ pub struct Metrics {
     /// When this process last wrote its lag report (Unix seconds): an alert sees it go stale.
     pub last_report_timestamp: Gauge,
     pub table: TableHealthMetrics,
-}
-
-/// Registers a new collector in `registry` and hands it back, so each metric is defined in one
-/// expression. Definitions are static, so a bad one or a name used twice is a bug: it panics.
-pub fn registered<C>(registry: &Registry, collector: prometheus::Result<C>) -> C
-where
-    C: prometheus::core::Collector + Clone + 'static,
-{
-    let collector = collector.expect("static metric definition");
-    registry
-        .register(Box::new(collector.clone()))
-        .expect("each metric name registers once");
-    collector
 }
 
 impl Metrics {

@@ -3,7 +3,7 @@
 
 use prometheus::{Gauge, IntGauge, IntGaugeVec, Opts, Registry};
 
-use super::registered;
+use super::registry::registered;
 
 #[derive(Clone)]
 pub struct TableHealthMetrics {
