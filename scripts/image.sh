@@ -41,7 +41,10 @@ elif ! is_static "$BIN_DIR/outbox-relay" || ! is_static "$BIN_DIR/outbox-operato
     build_static
 fi
 for bin in outbox-relay outbox-operator; do
-    [ -x "$BIN_DIR/$bin" ] && is_static "$BIN_DIR/$bin" || { say "no static $BIN_DIR/$bin"; exit 1; }
+    if ! { [ -x "$BIN_DIR/$bin" ] && is_static "$BIN_DIR/$bin"; }; then
+        say "no static $BIN_DIR/$bin"
+        exit 1
+    fi
 done
 
 # The build context: the image's root filesystem and the Containerfile.
