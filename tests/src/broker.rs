@@ -33,6 +33,31 @@ pub struct Consumer {
     connection: Connection,
 }
 
+/// Declares a durable queue `name` on RabbitMQ (for AMQP 1.0 senders, which need an existing
+/// queue at /amq/queue/NAME on RabbitMQ 3.x).
+pub async fn declare_queue(name: &str) {
+    let connection = Connection::connect(&crate::amqp_url(), ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ must run on 127.0.0.1:5672 (make services)");
+    let channel = connection.create_channel().await.unwrap();
+    durable_queue(&channel, name).await;
+    let _ = connection.close(0, "declared".into()).await;
+}
+
+async fn durable_queue(channel: &lapin::Channel, name: &str) {
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+}
+
 /// Declares a durable exchange of `kind` and a queue bound to it with `binding_key`, then
 /// consumes it, recording ids.
 pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> Consumer {
@@ -53,17 +78,7 @@ pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> C
         .await
         .unwrap();
     let queue = format!("{exchange}_q");
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    durable_queue(&channel, &queue).await;
     channel
         .queue_bind(
             queue.as_str().into(),

@@ -68,12 +68,17 @@ pub struct RelayProcess {
 /// `run` arguments for a test relay on `table` publishing to `exchange`: an ephemeral metrics
 /// port and short poll and report intervals, then `extra`.
 pub fn run_args<'a>(table: &'a str, exchange: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = run_args_without_exchange(table, &["--exchange", exchange]);
+    args.extend_from_slice(extra);
+    args
+}
+
+/// [`run_args`] without an exchange, for a broker named entirely by `extra` (AMQP 1.0).
+pub fn run_args_without_exchange<'a>(table: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "run",
         "--table",
         table,
-        "--exchange",
-        exchange,
         "--metrics-addr",
         "127.0.0.1:0",
         "--poll-interval",

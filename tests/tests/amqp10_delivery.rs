@@ -5,15 +5,13 @@
 
 use std::time::Duration;
 
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::Ident;
 use outbox_tests::amqp10::{
     self, ARTEMIS_FULL_PREFIX, ARTEMIS_MODIFIED_URL, ARTEMIS_REFUSED_PREFIX, ARTEMIS_URL,
     RABBITMQ_URL,
 };
-use outbox_tests::{db, http, process, unique, wait};
+use outbox_tests::{broker, db, http, process, unique, wait};
 
 const ROWS: u64 = 100_000;
 
@@ -37,25 +35,7 @@ impl Broker {
     async fn queue(self, name: &str) -> String {
         match self {
             Broker::RabbitMq => {
-                let connection = lapin::Connection::connect(
-                    &outbox_tests::amqp_url(),
-                    lapin::ConnectionProperties::default(),
-                )
-                .await
-                .unwrap();
-                let channel = connection.create_channel().await.unwrap();
-                channel
-                    .queue_declare(
-                        name.into(),
-                        QueueDeclareOptions {
-                            durable: true,
-                            ..Default::default()
-                        },
-                        FieldTable::default(),
-                    )
-                    .await
-                    .unwrap();
-                let _ = connection.close(0, "declared".into()).await;
+                broker::declare_queue(name).await;
                 format!("/amq/queue/{name}")
             }
             Broker::Artemis => name.to_string(),
@@ -64,25 +44,19 @@ impl Broker {
 }
 
 fn amqp10_args<'a>(table: &'a str, broker: Broker, address: &'a str) -> Vec<&'a str> {
-    vec![
-        "run",
-        "--table",
+    process::run_args_without_exchange(
         table,
-        "--broker-protocol",
-        "amqp10",
-        "--broker-url",
-        broker.url(),
-        "--address",
-        address,
-        "--headers-column",
-        "headers",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "50ms",
-        "--report-interval",
-        "1s",
-    ]
+        &[
+            "--broker-protocol",
+            "amqp10",
+            "--broker-url",
+            broker.url(),
+            "--address",
+            address,
+            "--headers-column",
+            "headers",
+        ],
+    )
 }
 
 async fn delivers_every_row_once(broker: Broker) {

@@ -38,6 +38,19 @@ fn relay_with_limit(limit: &str) -> OutboxRelay {
     relay
 }
 
+/// `relay` as the last round left it: VacuumBlocked, the horizon `age_seconds` old.
+fn blocked_before(mut relay: OutboxRelay, age_seconds: f64) -> OutboxRelay {
+    relay.status = Some(OutboxRelayStatus {
+        table_health: Some(TableHealthStatus {
+            vacuum_blocked: true,
+            horizon_age_seconds: age_seconds,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    relay
+}
+
 fn scenario(relay: OutboxRelay, health: TableHealth) -> Scenario {
     let live = live_deployment(&relay, 1);
     Scenario::new(relay)
@@ -100,15 +113,7 @@ async fn a_horizon_younger_than_the_limit_is_shown_but_not_degraded() {
 
 #[tokio::test]
 async fn the_end_of_the_hold_clears_degraded_with_one_normal_event() {
-    let mut relay = relay_with_limit("5m");
-    relay.status = Some(OutboxRelayStatus {
-        table_health: Some(TableHealthStatus {
-            vacuum_blocked: true,
-            horizon_age_seconds: 754.0,
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
+    let relay = blocked_before(relay_with_limit("5m"), 754.0);
     let outcome = scenario(relay, reported(0.4))
         .event_checked("VacuumUnblocked", |body| {
             assert_eq!(body["type"], "Normal", "{body}");
@@ -124,15 +129,7 @@ async fn the_end_of_the_hold_clears_degraded_with_one_normal_event() {
 
 #[tokio::test]
 async fn a_hold_that_goes_on_is_not_announced_again() {
-    let mut relay = relay_with_limit("5m");
-    relay.status = Some(OutboxRelayStatus {
-        table_health: Some(TableHealthStatus {
-            vacuum_blocked: true,
-            horizon_age_seconds: 700.0,
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
+    let relay = blocked_before(relay_with_limit("5m"), 700.0);
     // No event step: the scripted API server fails the test on an unexpected request.
     let outcome = scenario(relay, reported(760.0))
         .writes_status(|status| {
