@@ -537,8 +537,8 @@ def config_manifests(path):
 def samples(directory):
     p = "config/samples"
     files = sorted(f for f in os.listdir(directory) if f.startswith("outboxrelay-") and f.endswith(".yaml"))
-    attempt(f"{p}: three samples (article table, custom columns + delete, scale to zero)",
-            lambda: len(files) == 3 or files)
+    attempt(f"{p}: four samples (article table, custom columns + delete, scale to zero, AMQP 1.0)",
+            lambda: len(files) == 4 or files)
     relays = {}
     for f in files:
         docs = load(os.path.join(directory, f))
@@ -563,6 +563,10 @@ def samples(directory):
                         for r in relays.values()) or "none")
     attempt(f"{p}: one sample scales to zero (minReplicas 0)",
             lambda: any(r["spec"].get("scaling", {}).get("minReplicas") == 0 for r in relays.values()) or "none")
+    attempt(f"{p}: one sample sends over AMQP 1.0 to an address, with no exchange option",
+            lambda: any(r["spec"]["broker"].get("protocol") == "amqp10" and r["spec"]["broker"].get("address")
+                        and not {"exchange", "routingKey", "mandatory", "deadLetterExchange"} & set(r["spec"]["broker"])
+                        for r in relays.values()) or "none")
     attempt(f"{p}: one sample relays the article's table (outbox_messages, default columns)",
             lambda: any(r["spec"]["database"]["table"] == "outbox_messages" and "columns" not in r["spec"]["database"]
                         for r in relays.values()) or "none")

@@ -11,11 +11,16 @@ PGHOST=127.0.0.1
 ARTEMIS_VERSION=2.40.0 # the newest Maven Central serves as a bin archive; runs on Java 17
 ARTEMIS_PORT=5673      # AMQP 1.0; RabbitMQ holds 5672
 ARTEMIS_MODIFIED_PORT=5674 # the same broker, answering a full address with modified
+ARTEMIS_TLS_PORT=5675      # the same broker, AMQP 1.0 inside TLS (amqps://), with a CA of our own
 ARTEMIS_CORE_PORT=61616
+# Bumped when create_artemis changes, so that an instance made by an older script is made again.
+ARTEMIS_INSTANCE_VERSION=3
 artemis_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/artemis/$ARTEMIS_VERSION"
 artemis_home="$artemis_dir/apache-artemis-$ARTEMIS_VERSION"
 artemis_instance="$artemis_dir/instance"
 artemis_pidfile="$artemis_instance/data/artemis.pid"
+# The CA that signed the TLS acceptor's certificate, where the tests look for it.
+artemis_ca="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/artemis/tls-ca.pem"
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
 pg_up() { pg_isready -q -h "$PGHOST" -p 5432 2>/dev/null; }
@@ -30,6 +35,7 @@ amqp10_up() {
   [ "${reply//[[:space:]]/}" = 414d515003 ]
 }
 artemis_up() { amqp10_up 127.0.0.1 "$ARTEMIS_PORT"; }
+artemis_current() { [ "$(cat "$artemis_instance/.outbox-relay" 2>/dev/null)" = "$ARTEMIS_INSTANCE_VERSION" ]; }
 # The pid of the broker this script started, when it still runs (a pid file can outlive a reboot).
 artemis_pid() {
   local pid
@@ -43,6 +49,7 @@ install_missing() {
   command -v rabbitmq-server >/dev/null || [ -x /usr/sbin/rabbitmq-server ] || packages+=(rabbitmq-server)
   command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
   command -v curl >/dev/null || packages+=(curl)
+  command -v openssl >/dev/null || packages+=(openssl)
   [ ${#packages[@]} -eq 0 ] && return 0
   if ! as_root true 2>/dev/null; then
     echo "${packages[*]} are missing. Install them with:" >&2
@@ -130,7 +137,7 @@ install_artemis() {
 
 create_artemis() {
   # The marker is written last: an instance cut short is made again.
-  [ -f "$artemis_instance/.outbox-relay" ] && return 0
+  artemis_current && return 0
   echo "creating the ActiveMQ Artemis broker instance $artemis_instance"
   rm -rf "$artemis_instance"
   local log="$artemis_dir/create.log"
@@ -167,20 +174,47 @@ create_artemis() {
             <auto-create-addresses>false</auto-create-addresses>\
             <auto-create-queues>false</auto-create-queues>\
          </address-setting>' "$xml"
+  # TLS on its own port: a test CA signs a certificate for 127.0.0.1 (Java reads the PKCS#12).
+  local tls="$artemis_instance/etc/tls"
+  mkdir -p "$tls"
+  if ! {
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=outbox-relay-test-ca \
+      -keyout "$tls/ca.key" -out "$tls/ca.pem" &&
+      openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout "$tls/server.key" -out "$tls/server.csr" &&
+      openssl x509 -req -in "$tls/server.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial -days 3650 \
+        -extfile <(printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n') -out "$tls/server.pem" &&
+      openssl pkcs12 -export -in "$tls/server.pem" -inkey "$tls/server.key" -passout pass:outbox-tls \
+        -out "$tls/server.p12"
+  } >"$artemis_dir/tls.log" 2>&1; then
+    tail -n 20 "$artemis_dir/tls.log" >&2
+    echo "could not make the TLS certificates (log: $artemis_dir/tls.log)" >&2; exit 1
+  fi
+  sed -i "/<acceptor name=\"amqp\">/{p;s|name=\"amqp\">tcp://127.0.0.1:$ARTEMIS_PORT?|name=\"amqps\">tcp://127.0.0.1:$ARTEMIS_TLS_PORT?sslEnabled=true;keyStorePath=$tls/server.p12;keyStorePassword=outbox-tls;keyStoreType=PKCS12;|}" "$xml"
+  # A second user whose password has the characters of a Service Bus key (base64: / + =),
+  # which a URL must percent-encode: the relay has to decode them for SASL PLAIN.
+  # (artemis create ends the file without a newline.)
+  printf '\n%s\n' 'sas-policy = k3y/With+Base64=' >>"$artemis_instance/etc/artemis-users.properties"
+  sed -i 's|^amq *= *outbox$|amq = outbox,sas-policy|' "$artemis_instance/etc/artemis-roles.properties"
   # Anonymous senders are let in (as outbox), but a wrong password fails.
   sed -i 's|org.apache.activemq.jaas.guest.role="amq";|org.apache.activemq.jaas.guest.role="amq"\
        credentialsInvalidate=true;|' "$artemis_instance/etc/login.config"
   # artemis create writes -Xms512M whatever --java-memory says: a heap may not start above its max.
   sed -i 's|-Xms512M|-Xms64M|' "$artemis_instance/etc/artemis.profile"
   if ! grep -q "127.0.0.1:$ARTEMIS_PORT?" "$xml" || ! grep -q "127.0.0.1:$ARTEMIS_MODIFIED_PORT?" "$xml" \
-    || ! grep -q 'outbox-full.#' "$xml" || ! grep -q credentialsInvalidate "$artemis_instance/etc/login.config"; then
+    || ! grep -q "127.0.0.1:$ARTEMIS_TLS_PORT?sslEnabled=true" "$xml" \
+    || ! grep -q 'outbox-full.#' "$xml" || ! grep -q credentialsInvalidate "$artemis_instance/etc/login.config" \
+    || ! grep -q '^amq = outbox,sas-policy$' "$artemis_instance/etc/artemis-roles.properties" \
+    || ! grep -q '^outbox = ENC(.*)$' "$artemis_instance/etc/artemis-users.properties"; then
     echo "could not configure $xml" >&2; exit 1
   fi
-  touch "$artemis_instance/.outbox-relay"
+  cp "$tls/ca.pem" "$artemis_ca"
+  echo "$ARTEMIS_INSTANCE_VERSION" >"$artemis_instance/.outbox-relay"
 }
 
 start_artemis() {
-  artemis_up && return 0
+  artemis_up && artemis_current && return 0
+  # A broker running an instance an older script made: stop it, so the instance is made again.
+  artemis_current || stop_artemis
   install_artemis
   create_artemis
   local pid log="$artemis_instance/log"
@@ -217,11 +251,12 @@ case "${1:-}" in
   *) echo "usage: $0 [stop-artemis]" >&2; exit 2 ;;
 esac
 
-if ! pg_up || ! rabbit_up || ! artemis_up; then install_missing; fi
+if ! pg_up || ! rabbit_up || ! artemis_up || ! artemis_current; then install_missing; fi
 start_postgres
 configure_postgres
 start_rabbitmq
 enable_rabbitmq_amqp10
 start_artemis
 echo "services: PostgreSQL on $PGHOST:5432, RabbitMQ on 127.0.0.1:5672 (AMQP 0-9-1 and 1.0)," \
-  "ActiveMQ Artemis $ARTEMIS_VERSION on 127.0.0.1:$ARTEMIS_PORT (AMQP 1.0; on :$ARTEMIS_MODIFIED_PORT a full address answers modified) are up"
+  "ActiveMQ Artemis $ARTEMIS_VERSION on 127.0.0.1:$ARTEMIS_PORT (AMQP 1.0; on :$ARTEMIS_MODIFIED_PORT a full address answers modified;" \
+  "on :$ARTEMIS_TLS_PORT TLS, CA $artemis_ca) are up"

@@ -232,6 +232,63 @@ fn min_replicas_above_max_replicas_is_rejected_by_cel() {
 }
 
 #[test]
+fn the_protocols_broker_options_are_checked_by_cel() {
+    let amqp10 = |broker: Value| {
+        let mut object = minimal_relay();
+        let secret = object["spec"]["broker"]["urlSecretRef"].clone();
+        object["spec"]["broker"] = broker;
+        object["spec"]["broker"]["urlSecretRef"] = secret;
+        object
+    };
+    let accepted = amqp10(serde_json::json!({"protocol": "amqp10", "address": "orders"}));
+    assert_eq!(schema_errors(&accepted), Vec::<String>::new());
+    let cases = [
+        (
+            serde_json::json!({"protocol": "amqp10"}),
+            "address is required with protocol amqp10",
+        ),
+        (
+            serde_json::json!({"address": "orders"}),
+            "address is an AMQP 1.0 field",
+        ),
+        (
+            serde_json::json!({"protocol": "amqp10", "address": "orders", "exchange": ""}),
+            "exchange is an AMQP 0-9-1 field",
+        ),
+        (
+            serde_json::json!({"protocol": "amqp10", "address": "orders", "routingKey": "x"}),
+            "routingKey is an AMQP 0-9-1 field",
+        ),
+        (
+            serde_json::json!({"protocol": "amqp10", "address": "orders", "deadLetterExchange": "dlx"}),
+            "deadLetterExchange is an AMQP 0-9-1 field",
+        ),
+        (
+            serde_json::json!({"protocol": "amqp10", "address": "orders", "publisherConfirms": false}),
+            "publisherConfirms: false has no meaning under amqp10",
+        ),
+    ];
+    for (broker, message) in cases {
+        let errors = schema_errors(&amqp10(broker.clone()));
+        assert!(
+            errors.len() == 1 && errors[0].starts_with("CEL: ") && errors[0].contains(message),
+            "{broker}: {errors:#?}"
+        );
+    }
+    // mandatory false is what the default says, and is no error under amqp10.
+    let quiet =
+        amqp10(serde_json::json!({"protocol": "amqp10", "address": "orders", "mandatory": false}));
+    assert_eq!(schema_errors(&quiet), Vec::<String>::new());
+    let mut column = accepted;
+    column["spec"]["database"]["columns"] = serde_json::json!({"routingKey": "topic"});
+    let errors = schema_errors(&column);
+    assert!(
+        errors.len() == 1 && errors[0].contains("columns.routingKey is an AMQP 0-9-1 mapping"),
+        "{errors:#?}"
+    );
+}
+
+#[test]
 fn structural_mistakes_are_rejected() {
     let cases = [
         (

@@ -84,6 +84,14 @@ impl SecretUrl {
         Some(percent_decode(raw))
     }
 
+    /// The user name as given (percent-decoded); `None` when the URL has none.
+    pub fn username(&self) -> Option<String> {
+        let parsed = url::Url::parse(&self.full).ok()?;
+        Some(parsed.username())
+            .filter(|user| !user.is_empty())
+            .map(percent_decode)
+    }
+
     pub fn redacted(&self) -> &str {
         &self.redacted
     }
@@ -105,23 +113,9 @@ fn redact(url: &url::Url) -> String {
 }
 
 fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Ok(hex) = std::str::from_utf8(&bytes[i + 1..i + 3])
-            && let Ok(byte) = u8::from_str_radix(hex, 16)
-        {
-            out.push(byte);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 impl fmt::Debug for SecretUrl {

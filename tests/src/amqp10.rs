@@ -16,6 +16,22 @@ pub const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:5672";
 pub const ARTEMIS_URL: &str = "amqp://outbox:outbox@127.0.0.1:5673";
 /// The same Artemis, on the acceptor that answers `modified` for a full address.
 pub const ARTEMIS_MODIFIED_URL: &str = "amqp://outbox:outbox@127.0.0.1:5674";
+/// The same Artemis inside TLS, as a user whose password has a Service Bus key's characters
+/// (`k3y/With+Base64=`), percent-encoded as a URL must carry them.
+pub const ARTEMIS_TLS_URL: &str = "amqps://sas-policy:k3y%2FWith%2BBase64%3D@127.0.0.1:5675";
+
+/// The CA that signed the TLS acceptor's certificate (scripts/services.sh writes it).
+pub fn artemis_ca() -> std::path::PathBuf {
+    let cache = std::env::var_os("OUTBOX_CACHE").map_or_else(
+        || {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/outbox-relay")
+        },
+        std::path::PathBuf::from,
+    );
+    cache.join("artemis/tls-ca.pem")
+}
+
 /// Artemis address prefixes that services.sh configures: a full address after one message
 /// (`rejected`, or `modified` on the second acceptor), and addresses it will not create.
 pub const ARTEMIS_FULL_PREFIX: &str = "outbox-full.";
@@ -154,6 +170,10 @@ impl Consumer {
             .values()
             .filter(|n| **n > 1)
             .count()
+    }
+
+    pub fn has(&self, id: &Uuid) -> bool {
+        self.received.lock().unwrap().counts.contains_key(id)
     }
 
     pub fn seen(&self, id: &Uuid) -> Option<Seen> {

@@ -346,27 +346,32 @@ impl OperatorProcess {
 
 /// The Secrets [`relay_spec`] refers to, holding the local PostgreSQL and RabbitMQ URLs.
 pub async fn create_connection_secrets(client: &Client, namespace: &str) {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     for (name, url) in [
         (DATABASE_SECRET, crate::database_url()),
         (BROKER_SECRET, crate::amqp_url()),
     ] {
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            data: Some(BTreeMap::from([(
-                "url".to_string(),
-                k8s_openapi::ByteString(url.into_bytes()),
-            )])),
-            ..Default::default()
-        };
-        secrets
-            .create(&PostParams::default(), &secret)
-            .await
-            .expect("the Secret is created");
+        create_url_secret(client, namespace, name, &url).await;
     }
+}
+
+/// A Secret `name` holding `url` under the key `url`, as a user would create it.
+pub async fn create_url_secret(client: &Client, namespace: &str, name: &str, url: &str) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "url".to_string(),
+            k8s_openapi::ByteString(url.as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    };
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap_or_else(|e| panic!("the Secret {name} is created: {e}"));
 }
 
 /// An OutboxRelay spec for `table`, publishing to `exchange`, with the intervals of a test:

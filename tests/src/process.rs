@@ -92,6 +92,11 @@ pub fn run_args_without_exchange<'a>(table: &'a str, extra: &[&'a str]) -> Vec<&
 
 /// Runs `outbox-relay <args>` with the test's database and broker URLs in the environment.
 pub fn spawn_relay(name: &str, args: &[&str]) -> RelayProcess {
+    spawn_relay_with_env(name, args, &[])
+}
+
+/// Like [`spawn_relay`], with these environment variables added.
+pub fn spawn_relay_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
     let log = log_path(name);
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -103,6 +108,7 @@ pub fn spawn_relay(name: &str, args: &[&str]) -> RelayProcess {
         .env("DATABASE_URL", crate::database_url())
         .env("AMQP_URL", crate::amqp_url())
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(file))

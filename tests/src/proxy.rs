@@ -1,7 +1,9 @@
 //! A TCP proxy that can stall: it forwards bytes both ways until told to stop forwarding, then
 //! holds every connection open without moving a byte until resumed — the network stall a
 //! relay must survive without losing or double-marking rows. It can also stall only the
-//! replies, so what a client sends still arrives while nothing it waits for comes back.
+//! replies, so what a client sends still arrives while nothing it waits for comes back. And it
+//! can cut: close every connection it carries at once, as a broker restart or a dropped link
+//! does, while new connections are still accepted.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +19,8 @@ pub struct StallSwitch {
     requests: Arc<watch::Sender<bool>>,
     /// Upstream to client.
     replies: Arc<watch::Sender<bool>>,
+    /// Bumped by [`StallSwitch::cut`]; a connection made before the bump closes.
+    cuts: Arc<watch::Sender<u64>>,
 }
 
 impl StallSwitch {
@@ -35,6 +39,11 @@ impl StallSwitch {
         self.replies.send_replace(false);
     }
 
+    /// Closes every connection the proxy carries now (both sides see the TCP close).
+    pub fn cut(&self) {
+        self.cuts.send_modify(|cuts| *cuts += 1);
+    }
+
     /// Stalls for `duration`, then resumes.
     pub async fn stall_for(&self, duration: Duration) {
         self.stall();
@@ -49,14 +58,18 @@ pub async fn start(upstream: SocketAddr) -> std::io::Result<(SocketAddr, StallSw
     let addr = listener.local_addr()?;
     let (requests, requests_stalled) = watch::channel(false);
     let (replies, replies_stalled) = watch::channel(false);
+    let (cuts, cut) = watch::channel(0u64);
     let switch = StallSwitch {
         requests: Arc::new(requests),
         replies: Arc::new(replies),
+        cuts: Arc::new(cuts),
     };
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let (requests_stalled, replies_stalled) =
                 (requests_stalled.clone(), replies_stalled.clone());
+            let mut cut = cut.clone();
+            cut.mark_unchanged();
             tokio::spawn(async move {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     return;
@@ -65,10 +78,16 @@ pub async fn start(upstream: SocketAddr) -> std::io::Result<(SocketAddr, StallSw
                 let _ = server.set_nodelay(true);
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                tokio::join!(
-                    pump(client_read, server_write, requests_stalled),
-                    pump(server_read, client_write, replies_stalled)
-                );
+                // A cut drops both pumps, and with them both sockets.
+                tokio::select! {
+                    _ = async {
+                        tokio::join!(
+                            pump(client_read, server_write, requests_stalled),
+                            pump(server_read, client_write, replies_stalled)
+                        )
+                    } => {}
+                    _ = cut.changed() => {}
+                }
             });
         }
     });
@@ -184,6 +203,31 @@ mod tests {
         switch.stall();
         client.write_all(b"yo").await.unwrap();
         assert_held_until_resumed(&mut client, &switch, b"yo").await;
+    }
+
+    #[tokio::test]
+    async fn a_cut_closes_the_connections_it_carries_and_new_ones_work() {
+        let (echo_addr, _arrivals) = echo_server().await;
+        let (addr, switch) = start(echo_addr).await.unwrap();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(b"hi").await.unwrap();
+        let mut reply = [0u8; 2];
+        client.read_exact(&mut reply).await.unwrap();
+
+        switch.cut();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(2), client.read_to_end(&mut rest))
+            .await
+            .expect("the cut connection closes");
+        assert!(closed.is_ok_and(|n| n == 0) || rest.is_empty());
+
+        let mut again = TcpStream::connect(addr).await.unwrap();
+        again.write_all(b"yo").await.unwrap();
+        tokio::time::timeout(Duration::from_secs(2), again.read_exact(&mut reply))
+            .await
+            .expect("a connection after the cut is carried")
+            .unwrap();
+        assert_eq!(&reply, b"yo");
     }
 
     #[tokio::test]

@@ -131,10 +131,11 @@ fn the_samples_apply_with_kustomize() {
         ])
         .unwrap();
     assert!(out.contains("outboxrelay.outboxrelay.io/orders"), "{out}");
+    assert!(out.contains("outboxrelay.outboxrelay.io/invoices"), "{out}");
     let names = plane
         .kubectl_ok(&["get", "obr", "-n", &ns, "-o", "name"])
         .unwrap();
-    assert_eq!(names.lines().count(), 3, "{names}");
+    assert_eq!(names.lines().count(), 4, "{names}");
 }
 
 /// A valid OutboxRelay with `spec_extra` merged into its spec (YAML fragment, indented).
@@ -210,6 +211,58 @@ fn invalid_outbox_relays_are_refused_with_the_field_named() {
             "a duration that is not a duration",
             format!("{BASE}  scaling:\n    pollingInterval: soon\n"),
             &["spec.scaling.pollingInterval"],
+        ),
+        (
+            "protocol amqp10 without an address (CEL)",
+            BASE.replace("    exchange: outbox\n", "    protocol: amqp10\n"),
+            &[
+                "spec.broker.address",
+                "address is required with protocol amqp10",
+            ],
+        ),
+        (
+            "an exchange under amqp10 (CEL)",
+            BASE.replace(
+                "    exchange: outbox\n",
+                "    exchange: outbox\n    protocol: amqp10\n    address: orders\n",
+            ),
+            &[
+                "spec.broker.exchange",
+                "exchange is an AMQP 0-9-1 field with no meaning under amqp10",
+            ],
+        ),
+        (
+            "mandatory under amqp10 (CEL)",
+            BASE.replace(
+                "    exchange: outbox\n",
+                "    protocol: amqp10\n    address: orders\n    mandatory: true\n",
+            ),
+            &["spec.broker.mandatory", "mandatory is an AMQP 0-9-1 field"],
+        ),
+        (
+            "a routing-key column under amqp10 (CEL, across sections)",
+            BASE.replace(
+                "    exchange: outbox\n",
+                "    protocol: amqp10\n    address: orders\n",
+            )
+            .replace(
+                "    table: outbox_messages\n",
+                "    table: outbox_messages\n    columns:\n      routingKey: topic\n",
+            ),
+            &[
+                "spec.database.columns.routingKey",
+                "columns.routingKey is an AMQP 0-9-1 mapping",
+            ],
+        ),
+        (
+            "an address under amqp091 (CEL)",
+            format!("{BASE}    address: orders\n"),
+            &["spec.broker.address", "address is an AMQP 1.0 field"],
+        ),
+        (
+            "an unknown protocol",
+            format!("{BASE}    protocol: amqp\n"),
+            &["spec.broker.protocol", "amqp091", "amqp10"],
         ),
         (
             "a missing required field",

@@ -6,17 +6,13 @@
 //!
 //! The relay's table is in a database of the test's own: the horizon is per database.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
 use lapin::ExchangeKind;
 use outbox_operator::OutboxRelay;
 use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::TableName;
-use outbox_tests::cluster::{TestCluster, relay_spec};
+use outbox_tests::cluster::{TestCluster, create_url_secret, relay_spec};
 use outbox_tests::db::{self, PrivateDatabase};
 use outbox_tests::node_agent::NodeAgentConfig;
 use outbox_tests::{broker, unique, wait};
@@ -45,22 +41,7 @@ async fn a_held_snapshot_makes_the_relay_vacuum_blocked_until_it_ends() {
     let exchange = unique("vacuum_x");
     let _consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
     let cluster = TestCluster::start(NodeAgentConfig::default()).await;
-    let secrets: Api<Secret> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(SECRET.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "url".to_string(),
-            k8s_openapi::ByteString(database.url.clone().into_bytes()),
-        )])),
-        ..Default::default()
-    };
-    secrets
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("the database Secret is created");
+    create_url_secret(&cluster.client, &cluster.namespace, SECRET, &database.url).await;
 
     let mut spec = relay_spec("outbox", &exchange);
     spec.database.url_secret_ref.name = SECRET.into();

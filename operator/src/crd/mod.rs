@@ -42,7 +42,7 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
     namespaced,
     status = "OutboxRelayStatus",
     derive = "PartialEq",
-    doc = "Relays the rows of one transactional-outbox table from PostgreSQL to RabbitMQ, with a Deployment of relay workers the operator creates, migrates the table for, and scales on backlog.",
+    doc = "Relays the rows of one transactional-outbox table from PostgreSQL to RabbitMQ or an AMQP 1.0 broker, with a Deployment of relay workers the operator creates, migrates the table for, and scales on backlog.",
     scale(
         spec_replicas_path = ".spec.replicas",
         status_replicas_path = ".status.replicas",
@@ -67,6 +67,10 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
         json_path = ".metadata.creationTimestamp"
     )
 )]
+// Spans two sections, so it sits here and not on BrokerSpec with the other protocol rules.
+#[x_kube(
+    validation = Rule::new("!has(self.broker.protocol) || self.broker.protocol != 'amqp10' || !has(self.database.columns) || !has(self.database.columns.routingKey)").message("columns.routingKey is an AMQP 0-9-1 mapping with no meaning under broker.protocol amqp10 (the row's type goes in the subject property): remove it").field_path(".database.columns.routingKey")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct OutboxRelaySpec {
     /// Relay pods to run when `scaling` is absent (manual mode). `kubectl scale obr/NAME
@@ -77,7 +81,7 @@ pub struct OutboxRelaySpec {
     pub replicas: i32,
     /// The PostgreSQL database and the outbox table in it.
     pub database: DatabaseSpec,
-    /// The RabbitMQ broker messages are published to.
+    /// The broker messages are published to: RabbitMQ over AMQP 0-9-1, or an AMQP 1.0 broker.
     pub broker: BrokerSpec,
     /// How each relay pod runs.
     #[serde(default)]
@@ -194,16 +198,42 @@ impl Default for ColumnsSpec {
 }
 
 /// Where and how messages are published.
+///
+/// The rules below refuse, at `kubectl apply`, the AMQP 0-9-1 options that mean nothing to an
+/// AMQP 1.0 broker (the relay refuses them too: a pod would only crash-loop on them). Each rule
+/// first asks `has(...)`, so it holds on objects written before the field existed.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.protocol) || self.protocol != 'amqp10' || has(self.address)").message("address is required with protocol amqp10: the queue or topic to send to").field_path(".address"),
+    validation = Rule::new("(has(self.protocol) && self.protocol == 'amqp10') || !has(self.address)").message("address is an AMQP 1.0 field: set protocol: amqp10, or publish to an exchange with amqp091").field_path(".address"),
+    validation = Rule::new("!has(self.protocol) || self.protocol != 'amqp10' || !has(self.exchange)").message("exchange is an AMQP 0-9-1 field with no meaning under amqp10 (address says where messages go): remove it").field_path(".exchange"),
+    validation = Rule::new("!has(self.protocol) || self.protocol != 'amqp10' || !has(self.routingKey)").message("routingKey is an AMQP 0-9-1 field with no meaning under amqp10 (the row's type goes in the subject property): remove it").field_path(".routingKey"),
+    validation = Rule::new("!has(self.protocol) || self.protocol != 'amqp10' || !has(self.mandatory) || !self.mandatory").message("mandatory is an AMQP 0-9-1 field with no meaning under amqp10 (the broker refuses an unknown address when the link attaches): remove it").field_path(".mandatory"),
+    validation = Rule::new("!has(self.protocol) || self.protocol != 'amqp10' || !has(self.deadLetterExchange)").message("deadLetterExchange is an AMQP 0-9-1 field with no meaning under amqp10 (rows given up on keep their error in the error column): remove it").field_path(".deadLetterExchange"),
+    validation = Rule::new("!has(self.protocol) || self.protocol != 'amqp10' || !has(self.publisherConfirms) || self.publisherConfirms").message("publisherConfirms: false has no meaning under amqp10, which always waits for the broker's outcome: remove it").field_path(".publisherConfirms")
+)]
 pub struct BrokerSpec {
-    /// Secret key holding the AMQP URL (amqp://user:password@host:5672/%2f). Never give the URL
-    /// by value.
+    /// Secret key holding the broker URL (amqp://user:password@host:5672/%2f). Never give the
+    /// URL by value. With protocol amqp10: amqp://user:password@host:5672 (SASL PLAIN; for
+    /// Azure Service Bus the shared-access policy name and its key).
     pub url_secret_ref: SecretKeyRef,
-    /// Exchange to publish to; "" is the default exchange.
-    #[serde(default = "defaults::exchange")]
+    /// Wire protocol. amqp091: RabbitMQ's own protocol, publishing to `exchange`. amqp10: AMQP
+    /// 1.0 (Azure Service Bus, ActiveMQ Artemis, RabbitMQ's AMQP 1.0 plugin), a sender link to
+    /// `address`; exchange, routingKey, mandatory, deadLetterExchange, publisherConfirms: false
+    /// and the routingKey column are AMQP 0-9-1 options and are refused with it.
+    #[serde(default)]
+    pub protocol: BrokerProtocol,
+    /// AMQP 1.0 target address: a queue or topic (Service Bus: the entity path; RabbitMQ's
+    /// plugin: /amq/queue/NAME). Required with protocol amqp10, refused with amqp091.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = ADDRESS_MAX))]
+    pub address: Option<String>,
+    /// Exchange to publish to (amqp091); "" is the default exchange. Absent: outbox. Not
+    /// with protocol amqp10, which sends to `address` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = AMQP_SHORT_STRING_MAX))]
-    pub exchange: String,
+    pub exchange: Option<String>,
     /// One static routing key for every message. Absent: the routing-key column when it is
     /// mapped, else the row's type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -223,7 +253,12 @@ pub struct BrokerSpec {
     pub dead_letter_exchange: Option<String>,
 }
 
+/// Longest `broker.address` accepted: AMQP 1.0 sets no limit, Service Bus entity paths stop at
+/// 260 characters, and a bound keeps the CEL rules' cost estimate small.
+pub const ADDRESS_MAX: usize = 1024;
+
 // The relay's own types: one definition of each mode, whatever reads it (flag, YAML, CRD).
+pub use outbox_relay::broker::BrokerProtocol;
 pub use outbox_relay::config::LogFormat;
 use outbox_relay::defaults::AMQP_SHORT_STRING_MAX;
 pub use outbox_relay::table::outbox::DeliveryMode;
@@ -655,9 +690,6 @@ pub mod defaults {
     }
     pub fn error_column() -> String {
         relay::columns::ERROR.into()
-    }
-    pub fn exchange() -> String {
-        relay::EXCHANGE.into()
     }
     pub fn yes() -> bool {
         true

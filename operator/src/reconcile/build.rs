@@ -21,7 +21,7 @@ use kube::{Resource, ResourceExt};
 use outbox_relay::config::argv::{column_args, run_argv};
 use outbox_relay::config::{RunArgs, TableArgs};
 
-use crate::crd::{OutboxRelay, SecretKeyRef};
+use crate::crd::{BrokerProtocol, BrokerSpec, OutboxRelay, SecretKeyRef};
 use crate::reconcile::validate::RelayPlan;
 
 /// Where the relay binary lives in the shared image.
@@ -136,7 +136,10 @@ pub fn build_deployment(
         args: Some(relay_args(relay, plan)),
         env: Some(vec![
             secret_env("DATABASE_URL", &relay.spec.database.url_secret_ref),
-            secret_env("AMQP_URL", &relay.spec.broker.url_secret_ref),
+            secret_env(
+                broker_url_env(&relay.spec.broker),
+                &relay.spec.broker.url_secret_ref,
+            ),
             EnvVar {
                 name: "POD_NAME".into(),
                 value_from: Some(EnvVarSource {
@@ -230,6 +233,7 @@ pub fn build_deployment(
 /// The `outbox-relay run` arguments, exactly the relay's flag names.
 fn relay_args(relay: &OutboxRelay, plan: &RelayPlan) -> Vec<String> {
     let spec = &relay.spec;
+    let amqp10 = spec.broker.protocol == BrokerProtocol::Amqp10;
     let options = RunArgs {
         table: TableArgs {
             table: Some(plan.table.name.to_string()),
@@ -238,13 +242,22 @@ fn relay_args(relay: &OutboxRelay, plan: &RelayPlan) -> Vec<String> {
             relay_name: Some(report_name(relay)),
             ..Default::default()
         },
-        exchange: Some(spec.broker.exchange.clone()),
+        // Under amqp10 the 0-9-1 options stay unrendered: the relay refuses them there (and
+        // validation has refused a spec that sets them). Under amqp091 the protocol flag stays
+        // unrendered too, so Deployments made before it existed keep their hash.
+        broker_protocol: amqp10.then_some(BrokerProtocol::Amqp10),
+        address: spec.broker.address.clone().filter(|_| amqp10),
+        exchange: (!amqp10).then(|| {
+            (spec.broker.exchange.as_deref())
+                .unwrap_or(outbox_relay::defaults::EXCHANGE)
+                .to_string()
+        }),
         routing_key: spec.broker.routing_key.clone(),
         batch_size: Some(spec.relay.batch_size.into()),
         workers: Some(spec.relay.workers_per_pod.into()),
         inflight_batches: Some(spec.relay.inflight_batches.into()),
-        publisher_confirms: Some(spec.broker.publisher_confirms),
-        mandatory: Some(spec.broker.mandatory),
+        publisher_confirms: (!amqp10).then_some(spec.broker.publisher_confirms),
+        mandatory: (!amqp10).then_some(spec.broker.mandatory),
         publish_timeout: Some(plan.publish_timeout),
         max_attempts: Some(spec.relay.max_attempts.into()),
         dead_letter_exchange: spec.broker.dead_letter_exchange.clone(),
@@ -270,6 +283,15 @@ fn shutdown_grace_seconds(termination_grace_period_seconds: i64) -> u64 {
         .max(termination_grace_period_seconds / 2)
         .max(1)
         .unsigned_abs()
+}
+
+/// The variable the broker URL reaches the relay in: AMQP_URL, its AMQP 0-9-1 name, keeps
+/// existing Deployments unchanged; amqp10 gets the protocol-neutral BROKER_URL.
+fn broker_url_env(broker: &BrokerSpec) -> &'static str {
+    match broker.protocol {
+        BrokerProtocol::Amqp091 => "AMQP_URL",
+        BrokerProtocol::Amqp10 => "BROKER_URL",
+    }
 }
 
 fn secret_env(name: &str, reference: &SecretKeyRef) -> EnvVar {

@@ -11,7 +11,7 @@ use outbox_relay::table::ident::{Ident, TableName};
 use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::table::{Columns, OutboxTable};
 
-use crate::crd::{OutboxRelaySpec, ScalingRules, ScalingSpec};
+use crate::crd::{BrokerProtocol, OutboxRelaySpec, ScalingRules, ScalingSpec};
 
 /// One problem with the spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,13 +152,16 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
     let broker = &spec.broker;
     check.not_empty("spec.broker.urlSecretRef.name", &broker.url_secret_ref.name);
     check.not_empty("spec.broker.urlSecretRef.key", &broker.url_secret_ref.key);
-    check.short_string("spec.broker.exchange", &broker.exchange);
+    if let Some(exchange) = &broker.exchange {
+        check.short_string("spec.broker.exchange", exchange);
+    }
     if let Some(key) = &broker.routing_key {
         check.short_string("spec.broker.routingKey", key);
     }
     if let Some(dlx) = &broker.dead_letter_exchange {
         check.short_string("spec.broker.deadLetterExchange", dlx);
     }
+    check_protocol(&mut check, spec);
 
     let relay = &spec.relay;
     if let Some(image) = &relay.image {
@@ -240,6 +243,69 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         vacuum_blocked_after,
         scaling: scaling.flatten(),
     })
+}
+
+/// The broker options that belong to the other protocol, refused as the relay would refuse
+/// them (the CRD's rules say the same at `kubectl apply`).
+fn check_protocol(check: &mut Checker, spec: &OutboxRelaySpec) {
+    let broker = &spec.broker;
+    let p = "spec.broker";
+    if broker.protocol == BrokerProtocol::Amqp091 {
+        if broker.address.is_some() {
+            check.fail(
+                &format!("{p}.address"),
+                "is an AMQP 1.0 field; set spec.broker.protocol: amqp10, or publish to an \
+                 exchange with amqp091",
+            );
+        }
+        return;
+    }
+    match broker.address.as_deref() {
+        None => check.fail(
+            &format!("{p}.address"),
+            "is required with protocol amqp10: the queue or topic to send to (e.g. orders, or \
+             /amq/queue/orders on RabbitMQ)",
+        ),
+        Some(address) => check.not_empty(&format!("{p}.address"), address),
+    }
+    let given_091 = [
+        (
+            "spec.broker.exchange",
+            broker.exchange.is_some(),
+            "address says where messages go",
+        ),
+        (
+            "spec.broker.routingKey",
+            broker.routing_key.is_some(),
+            "the row's type goes in the subject property",
+        ),
+        (
+            "spec.database.columns.routingKey",
+            spec.database.columns.routing_key.is_some(),
+            "the row's type goes in the subject property",
+        ),
+        (
+            "spec.broker.mandatory",
+            broker.mandatory,
+            "the broker refuses an unknown address when the link attaches",
+        ),
+        (
+            "spec.broker.deadLetterExchange",
+            broker.dead_letter_exchange.is_some(),
+            "rows given up on keep their error in the error column",
+        ),
+        (
+            "spec.broker.publisherConfirms",
+            !broker.publisher_confirms,
+            "amqp10 always waits for the broker's outcome",
+        ),
+    ];
+    for (path, _, instead) in given_091.iter().filter(|(_, given, _)| *given) {
+        check.fail(
+            path,
+            format!("is an AMQP 0-9-1 option with no meaning under protocol amqp10 ({instead}); remove it"),
+        );
+    }
 }
 
 fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns> {
@@ -465,10 +531,76 @@ mod tests {
         );
     }
 
+    fn amqp10_spec() -> OutboxRelaySpec {
+        let mut spec = sample_spec();
+        spec.broker.protocol = BrokerProtocol::Amqp10;
+        spec.broker.address = Some("/amq/queue/orders".into());
+        spec
+    }
+
+    #[test]
+    fn amqp10_needs_an_address_and_amqp091_refuses_one() {
+        assert!(validate(&amqp10_spec()).is_ok());
+        let mut spec = amqp10_spec();
+        spec.broker.address = None;
+        assert_eq!(
+            messages(&spec),
+            vec![
+                "spec.broker.address: is required with protocol amqp10: the queue or topic to send to (e.g. orders, or /amq/queue/orders on RabbitMQ)"
+            ]
+        );
+        spec.broker.address = Some("  ".into());
+        assert_eq!(
+            messages(&spec),
+            vec!["spec.broker.address: must not be empty"]
+        );
+        let mut spec = sample_spec();
+        spec.broker.address = Some("orders".into());
+        assert_eq!(
+            messages(&spec),
+            vec![
+                "spec.broker.address: is an AMQP 1.0 field; set spec.broker.protocol: amqp10, or publish to an exchange with amqp091"
+            ]
+        );
+    }
+
+    #[test]
+    fn amqp10_refuses_every_amqp091_option_by_name() {
+        let mut spec = amqp10_spec();
+        spec.broker.exchange = Some("outbox".into());
+        spec.broker.routing_key = Some("orders".into());
+        spec.database.columns.routing_key = Some("topic".into());
+        spec.broker.mandatory = true;
+        spec.broker.dead_letter_exchange = Some("dlx".into());
+        spec.broker.publisher_confirms = false;
+        let all = messages(&spec);
+        let fields: Vec<&str> = all
+            .iter()
+            .map(|m| m.split(':').next().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.broker.exchange",
+                "spec.broker.routingKey",
+                "spec.database.columns.routingKey",
+                "spec.broker.mandatory",
+                "spec.broker.deadLetterExchange",
+                "spec.broker.publisherConfirms",
+            ]
+        );
+        assert!(
+            all.iter().all(|m| m
+                .contains("is an AMQP 0-9-1 option with no meaning under protocol amqp10")
+                && m.ends_with("; remove it")),
+            "{all:#?}"
+        );
+    }
+
     #[test]
     fn broker_names_fit_amqp() {
         let mut spec = sample_spec();
-        spec.broker.exchange = "x".repeat(256);
+        spec.broker.exchange = Some("x".repeat(256));
         spec.broker.url_secret_ref.name = String::new();
         assert_eq!(
             messages(&spec),

@@ -161,7 +161,6 @@ fn amqp091_only(address: bool) -> Result<(), ConfigError> {
 fn amqp10_only(
     args: &RunArgs,
     file: &FileConfig,
-    url: &SecretUrl,
     address: Option<&str>,
 ) -> Result<(), ConfigError> {
     let address = address.ok_or_else(|| {
@@ -173,13 +172,6 @@ fn amqp10_only(
     })?;
     if address.trim().is_empty() {
         return Err(ConfigError::new("address", "must not be empty"));
-    }
-    if url.scheme() == "amqps" {
-        return Err(ConfigError::new(
-            "broker-url",
-            "amqps:// is not supported with --broker-protocol amqp10 in this version (no TLS \
-             for AMQP 1.0 is built in yet); use amqp:// or a TLS-terminating proxy",
-        ));
     }
     let given_091 = [
         (
@@ -306,7 +298,7 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
     let address = layer(&args.address, &file.address);
     match broker_protocol {
         BrokerProtocol::Amqp091 => amqp091_only(address.is_some())?,
-        BrokerProtocol::Amqp10 => amqp10_only(args, &file, &broker_url, address.as_deref())?,
+        BrokerProtocol::Amqp10 => amqp10_only(args, &file, address.as_deref())?,
     }
     let exchange =
         layer(&args.exchange, &file.exchange).unwrap_or_else(|| defaults::EXCHANGE.into());
@@ -459,10 +451,6 @@ mod tests {
             (
                 Box::new(|a| a.publisher_confirms = Some(false)),
                 "publisher-confirms",
-            ),
-            (
-                Box::new(|a| a.broker_url = Some("amqps://u:secret-pw@sb.example:5671".into())),
-                "broker-url",
             ),
         ];
         for (mutate, field) in refused {

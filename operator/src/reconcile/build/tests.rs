@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::*;
-use crate::crd::{DeliveryMode, ImagePullPolicy, LogFormat, OutboxRelaySpec};
+use crate::crd::{BrokerProtocol, DeliveryMode, ImagePullPolicy, LogFormat, OutboxRelaySpec};
 use crate::reconcile::dereference::dereference_secrets;
 use crate::reconcile::validate::validate;
 use crate::test_support::{LEAK_CANARY, sample_relay, sample_spec};
@@ -54,7 +54,7 @@ fn full_spec() -> OutboxRelaySpec {
     spec.database.columns.routing_key = Some("rk".into());
     spec.database.columns.headers = Some("hdrs".into());
     spec.database.columns.attempts = Some("tries".into());
-    spec.broker.exchange = "sales".into();
+    spec.broker.exchange = Some("sales".into());
     spec.broker.routing_key = Some("sales.static".into());
     spec.broker.publisher_confirms = false;
     spec.broker.mandatory = true;
@@ -245,6 +245,64 @@ fn optional_flags_are_left_out_when_unset() {
     );
     let p = pod(&d);
     assert!(p.node_selector.is_none() && p.tolerations.is_none() && p.affinity.is_none());
+}
+
+/// The name of the environment variable whose value comes from `secret`.
+fn env_from_secret<'a>(deployment: &'a Deployment, secret: &str) -> Option<&'a str> {
+    container(deployment)
+        .env
+        .iter()
+        .flatten()
+        .find(|env| {
+            env.value_from
+                .as_ref()
+                .and_then(|from| from.secret_key_ref.as_ref())
+                .is_some_and(|reference| reference.name == secret)
+        })
+        .map(|env| env.name.as_str())
+}
+
+#[test]
+fn amqp10_renders_its_flags_and_none_of_amqp091() {
+    let mut spec = sample_spec();
+    spec.broker.protocol = BrokerProtocol::Amqp10;
+    spec.broker.address = Some("/amq/queue/orders".into());
+    let broker_secret = spec.broker.url_secret_ref.name.clone();
+    let d = build(spec, 1);
+    assert_eq!(arg(&d, "broker-protocol"), Some("amqp10"));
+    assert_eq!(arg(&d, "address"), Some("/amq/queue/orders"));
+    for refused in ["exchange", "mandatory", "publisher-confirms", "routing-key"] {
+        assert_eq!(arg(&d, refused), None, "--{refused}");
+    }
+    assert_eq!(env_from_secret(&d, &broker_secret), Some("BROKER_URL"));
+
+    // The relay itself accepts what was rendered: parsed as its command line, with the URLs
+    // the environment would bring, it resolves to an AMQP 1.0 relay on that address.
+    #[derive(clap::Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+    let argv = container(&d).args.clone().unwrap();
+    let mut parsed = <Run as clap::Parser>::try_parse_from(&argv).unwrap().args;
+    parsed.table.database_url = Some("postgres://relay@db:5432/orders".into());
+    parsed.broker_url = Some("amqp://relay:secret@broker:5672".into());
+    parsed.amqp_url = None;
+    let config = outbox_relay::config::resolve_run(&parsed).unwrap();
+    assert_eq!(config.broker_protocol, BrokerProtocol::Amqp10);
+    assert_eq!(config.address.as_deref(), Some("/amq/queue/orders"));
+}
+
+#[test]
+fn amqp091_keeps_the_deployment_it_had_before_protocols() {
+    let spec = sample_spec();
+    let broker_secret = spec.broker.url_secret_ref.name.clone();
+    let d = build(spec, 1);
+    // No --broker-protocol and the old variable name: an operator upgrade rolls no pods.
+    assert_eq!(arg(&d, "broker-protocol"), None);
+    assert_eq!(arg(&d, "address"), None);
+    assert_eq!(arg(&d, "exchange"), Some("outbox"));
+    assert_eq!(env_from_secret(&d, &broker_secret), Some("AMQP_URL"));
 }
 
 #[test]

@@ -274,7 +274,7 @@ async fn bad_input_becomes_a_condition_naming_the_field_and_writes_nothing() {
             "spec.relay.publishTimeout",
         ),
         (
-            Box::new(|r| r.spec.broker.exchange = "x".repeat(300)),
+            Box::new(|r| r.spec.broker.exchange = Some("x".repeat(300))),
             None,
             "InvalidSpec",
             "spec.broker.exchange",

@@ -20,8 +20,12 @@ use fe2o3_amqp::types::messaging::{
     Source, Target as LinkTarget,
 };
 use fe2o3_amqp::types::primitives::{Array, Binary, SimpleValue, Symbol, Timestamp};
-use fe2o3_amqp::{Connection, Sendable, Sender, Session};
+use fe2o3_amqp::{Sendable, Sender, Session};
 use futures::future::join_all;
+
+mod connect;
+
+use connect::unavailable;
 
 use super::{
     BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Rejection,
@@ -68,19 +72,11 @@ pub struct Amqp10Publisher {
     failed: bool,
 }
 
-fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> ConnectError {
-    ConnectError::Unavailable(std::sync::Arc::new(error))
-}
-
 impl Amqp10Publisher {
     pub async fn connect(url: &SecretUrl, settings: Amqp10Settings) -> Result<Self, ConnectError> {
         // The user and password of the URL go through SASL PLAIN (Service Bus: the policy name
-        // and its key); the library picks PLAIN when the URL carries them. Errors name no URL.
-        let mut connection = Connection::builder()
-            .container_id(settings.container_id.clone())
-            .open(url.expose())
-            .await
-            .map_err(unavailable)?;
+        // and its key). Errors name no URL.
+        let mut connection = connect::open(url, &settings.container_id).await?;
         let mut session = match Session::begin(&mut connection).await {
             Ok(session) => session,
             Err(e) => {

@@ -1,0 +1,153 @@
+//! `broker.protocol: amqp10` on the real control plane: the chart's operator turns the
+//! OutboxRelay into relay pods (run by the node agent) that send over AMQP 1.0 to ActiveMQ
+//! Artemis, and every row reaches an AMQP 1.0 consumer once. A second relay whose address
+//! Artemis refuses turns `Ready=False` with the pods' reason, `AddressNotFound`, naming it.
+
+use std::time::Duration;
+
+use outbox_operator::OutboxRelay;
+use outbox_operator::crd::{BrokerProtocol, OutboxRelaySpec};
+use outbox_tests::amqp10::{self, ARTEMIS_REFUSED_PREFIX, ARTEMIS_URL};
+use outbox_tests::cluster::{TestCluster, create_url_secret, relay_spec};
+use outbox_tests::node_agent::NodeAgentConfig;
+use outbox_tests::{db, unique, wait};
+
+const ROWS: u64 = 3_000;
+const BROKER_SECRET: &str = "artemis";
+
+/// The Ready condition as (status, reason, message).
+fn ready(relay: &OutboxRelay) -> Option<(String, String, String)> {
+    let conditions = &relay.status.as_ref()?.conditions;
+    let found = conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((
+        found.status.clone(),
+        found.reason.clone(),
+        found.message.clone(),
+    ))
+}
+
+/// A spec relaying `table` over AMQP 1.0 to `address`, with the broker URL from the test's
+/// own Secret.
+fn amqp10_spec(table: &str, address: &str) -> OutboxRelaySpec {
+    let mut spec = relay_spec(table, "");
+    spec.broker.exchange = None;
+    spec.broker.protocol = BrokerProtocol::Amqp10;
+    spec.broker.address = Some(address.to_string());
+    spec.broker.url_secret_ref.name = BROKER_SECRET.into();
+    spec
+}
+
+async fn wait_for_ready_reason(
+    cluster: &TestCluster,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> (String, String, String) {
+    let relays = cluster.relays();
+    let found = wait::for_value(
+        &format!("{name}: Ready={status} ({reason})"),
+        Duration::from_secs(120),
+        || async {
+            let relay = relays.get(name).await.ok()?;
+            ready(&relay).filter(|(s, r, _)| s == status && (reason.is_empty() || r == reason))
+        },
+    )
+    .await;
+    match found {
+        Ok(found) => found,
+        Err(e) => {
+            let relay = relays.get(name).await.ok();
+            panic!(
+                "{e}: {:?}\n{}",
+                relay.as_ref().and_then(ready),
+                cluster.operator.log_text()
+            )
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_amqp10_relay_delivers_through_the_operator_and_names_a_refused_address() {
+    let name = unique("e2e_amqp10");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 0).await;
+    let consumer = amqp10::consume(ARTEMIS_URL, &name).await;
+    let cluster = TestCluster::start(NodeAgentConfig::default()).await;
+    create_url_secret(
+        &cluster.client,
+        &cluster.namespace,
+        BROKER_SECRET,
+        ARTEMIS_URL,
+    )
+    .await;
+
+    cluster
+        .create_relay("invoices", amqp10_spec(&name, &name))
+        .await;
+    wait_for_ready_reason(&cluster, "invoices", "True", "").await;
+
+    // What the operator gave the pod: the AMQP 1.0 flags, the URL in BROKER_URL, no exchange.
+    let deployment = cluster.deployments().get("invoices").await.unwrap();
+    let pod = deployment.spec.template.spec.unwrap();
+    let container = &pod.containers[0];
+    let args = container.args.clone().unwrap_or_default();
+    let flag = |f: &str| {
+        args.iter()
+            .position(|a| a == f)
+            .map(|i| args[i + 1].clone())
+    };
+    assert_eq!(
+        flag("--broker-protocol").as_deref(),
+        Some("amqp10"),
+        "{args:?}"
+    );
+    assert_eq!(
+        flag("--address").as_deref(),
+        Some(name.as_str()),
+        "{args:?}"
+    );
+    assert_eq!(flag("--exchange"), None, "{args:?}");
+    let env: Vec<&str> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert!(
+        env.contains(&"BROKER_URL") && !env.contains(&"AMQP_URL"),
+        "{env:?}"
+    );
+
+    outbox_relay::tools::seed::copy_rows(&mut conn, &table, ROWS, 50, |_| {})
+        .await
+        .unwrap();
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(120)).await,
+        "rows still pending: {}",
+        db::pending(&mut conn, &table).await
+    );
+    let arrived = wait::holds(
+        "every row reached the AMQP 1.0 consumer",
+        Duration::from_secs(60),
+        || async { consumer.distinct() as u64 >= ROWS },
+    )
+    .await;
+    assert!(arrived, "{} of {ROWS} arrived", consumer.distinct());
+    assert_eq!(consumer.duplicates(), 0);
+    consumer.stop().await;
+
+    // An address Artemis will not create: the pods say so, and so does the OutboxRelay.
+    let refused_table = unique("e2e_amqp10_refused");
+    let refused = db::table(&refused_table);
+    let mut refused_conn = db::seeded_table(&refused, 5).await;
+    let address = format!("{ARTEMIS_REFUSED_PREFIX}{refused_table}");
+    cluster
+        .create_relay("refused", amqp10_spec(&refused_table, &address))
+        .await;
+    let (_, _, message) =
+        wait_for_ready_reason(&cluster, "refused", "False", "AddressNotFound").await;
+    assert!(message.contains(&address), "{message}");
+    assert_eq!(db::pending(&mut refused_conn, &refused).await, 5);
+
+    cluster.shutdown().await;
+}
