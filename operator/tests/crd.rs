@@ -289,6 +289,25 @@ fn the_protocols_broker_options_are_checked_by_cel() {
 }
 
 #[test]
+fn per_key_ordering_and_the_partition_key_are_checked_together_by_cel() {
+    let mut object = minimal_relay();
+    object["spec"]["relay"] = serde_json::json!({"ordering": "perKey"});
+    let errors = schema_errors(&object);
+    assert!(
+        errors.len() == 1 && errors[0].contains("set database.columns.partitionKey"),
+        "{errors:#?}"
+    );
+    object["spec"]["database"]["columns"] = serde_json::json!({"partitionKey": "order_id"});
+    assert_eq!(schema_errors(&object), Vec::<String>::new());
+    object["spec"]["relay"] = serde_json::json!({"ordering": "unordered"});
+    let errors = schema_errors(&object);
+    assert!(
+        errors.len() == 1 && errors[0].contains("only has a meaning with relay.ordering perKey"),
+        "{errors:#?}"
+    );
+}
+
+#[test]
 fn structural_mistakes_are_rejected() {
     let cases = [
         (

@@ -25,6 +25,8 @@ pub struct Received {
     pub types: HashMap<Uuid, String>,
     /// Body length of each message.
     pub sizes: HashMap<Uuid, usize>,
+    /// Every id in the order the queue delivered it, repeats included.
+    pub arrivals: Vec<Uuid>,
 }
 
 pub struct Consumer {
@@ -119,6 +121,7 @@ pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> C
             match id {
                 Some(id) => {
                     *seen.counts.entry(id).or_default() += 1;
+                    seen.arrivals.push(id);
                     seen.sizes.insert(id, delivery.data.len());
                     if let Some(kind) = delivery.properties.kind() {
                         seen.types.insert(id, kind.to_string());
@@ -163,6 +166,11 @@ impl Consumer {
             .filter(|(_, n)| **n > 1)
             .map(|(id, n)| (*id, *n))
             .collect()
+    }
+
+    /// Every id in arrival order, repeats included.
+    pub fn arrivals(&self) -> Vec<Uuid> {
+        self.received.lock().unwrap().arrivals.clone()
     }
 
     pub fn has(&self, id: &Uuid) -> bool {

@@ -13,6 +13,7 @@ pub mod http;
 pub mod metrics;
 pub mod node_agent;
 pub mod oci;
+pub mod ordering;
 pub mod process;
 pub mod proxy;
 pub mod scaling_recorder;

@@ -260,6 +260,22 @@ fn invalid_outbox_relays_are_refused_with_the_field_named() {
             &["spec.broker.address", "address is an AMQP 1.0 field"],
         ),
         (
+            "perKey ordering without a partition key (CEL)",
+            format!("{BASE}  relay:\n    ordering: perKey\n"),
+            &["spec.relay.ordering", "set database.columns.partitionKey"],
+        ),
+        (
+            "a partition key without perKey ordering (CEL)",
+            BASE.replace(
+                "    table: outbox_messages\n",
+                "    table: outbox_messages\n    columns:\n      partitionKey: order_id\n",
+            ),
+            &[
+                "spec.database.columns.partitionKey",
+                "only has a meaning with relay.ordering perKey",
+            ],
+        ),
+        (
             "an unknown protocol",
             format!("{BASE}    protocol: amqp\n"),
             &["spec.broker.protocol", "amqp091", "amqp10"],

@@ -110,6 +110,7 @@ async fn most_batches_at_the_broker(slots: Option<usize>) -> usize {
                         &settings,
                         &metrics,
                         ClaimStart::Head,
+                        None,
                     )
                     .await
                     .expect("batch");
@@ -179,6 +180,7 @@ async fn a_batch_of_malformed_rows_takes_no_slot() {
             &settings(Some(slots)),
             &Metrics::default(),
             ClaimStart::Head,
+            None,
         ),
     )
     .await

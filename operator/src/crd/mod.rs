@@ -69,6 +69,8 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
 )]
 // Spans two sections, so it sits here and not on BrokerSpec with the other protocol rules.
 #[x_kube(
+    validation = Rule::new("!has(self.relay) || !has(self.relay.ordering) || self.relay.ordering != 'perKey' || (has(self.database.columns) && has(self.database.columns.partitionKey))").message("relay.ordering perKey orders the rows of each partition key: set database.columns.partitionKey (e.g. the aggregate id), or use ordering unordered").field_path(".relay.ordering"),
+    validation = Rule::new("!has(self.database.columns) || !has(self.database.columns.partitionKey) || (has(self.relay) && has(self.relay.ordering) && self.relay.ordering == 'perKey')").message("database.columns.partitionKey only has a meaning with relay.ordering perKey: set it, or remove the column").field_path(".database.columns.partitionKey"),
     validation = Rule::new("!has(self.broker.protocol) || self.broker.protocol != 'amqp10' || !has(self.database.columns) || !has(self.database.columns.routingKey)").message("columns.routingKey is an AMQP 0-9-1 mapping with no meaning under broker.protocol amqp10 (the row's type goes in the subject property): remove it").field_path(".database.columns.routingKey")
 )]
 #[serde(rename_all = "camelCase")]
@@ -179,6 +181,11 @@ pub struct ColumnsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
     pub attempts: Option<String>,
+    /// Optional partition key (text, varchar, uuid or integer; e.g. the aggregate id) that
+    /// relay.ordering perKey keeps in order. Required with perKey, refused without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub partition_key: Option<String>,
 }
 
 impl Default for ColumnsSpec {
@@ -193,6 +200,7 @@ impl Default for ColumnsSpec {
             routing_key: None,
             headers: None,
             attempts: None,
+            partition_key: None,
         }
     }
 }
@@ -263,6 +271,27 @@ pub use outbox_relay::config::LogFormat;
 use outbox_relay::defaults::AMQP_SHORT_STRING_MAX;
 pub use outbox_relay::table::outbox::DeliveryMode;
 
+/// Delivery order, as the CRD spells it (the relay's flag says `per-key`).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum RelayOrdering {
+    /// No promise: parallel workers and pods publish concurrently.
+    #[default]
+    Unordered,
+    /// Per partition key, in claim order; different keys in parallel.
+    PerKey,
+}
+
+impl RelayOrdering {
+    /// The relay's own value.
+    pub fn delivery_order(self) -> outbox_relay::table::outbox::DeliveryOrder {
+        match self {
+            Self::Unordered => outbox_relay::table::outbox::DeliveryOrder::Unordered,
+            Self::PerKey => outbox_relay::table::outbox::DeliveryOrder::PerKey,
+        }
+    }
+}
+
 /// When the kubelet pulls the relay image.
 #[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ImagePullPolicy {
@@ -310,6 +339,11 @@ pub struct RelaySpec {
     /// mark (set processed-at) or delete (remove the row) after the broker confirmed it.
     #[serde(default)]
     pub delivery_mode: DeliveryMode,
+    /// unordered, or perKey: the rows of one database.columns.partitionKey value reach the
+    /// broker in claim order, one at a time, while different keys flow in parallel across
+    /// workers and pods. perKey needs the partitionKey column.
+    #[serde(default)]
+    pub ordering: RelayOrdering,
     /// Broker rejections before a message is dead-lettered, so one bad message never blocks
     /// the rest.
     #[serde(default = "defaults::max_attempts")]
@@ -378,6 +412,7 @@ impl Default for RelaySpec {
             workers_per_pod: defaults::workers_per_pod(),
             inflight_batches: defaults::inflight_batches(),
             delivery_mode: DeliveryMode::default(),
+            ordering: RelayOrdering::default(),
             max_attempts: defaults::max_attempts(),
             publish_timeout: defaults::publish_timeout(),
             poll_interval: defaults::poll_interval(),

@@ -20,6 +20,7 @@ use kube::{Resource, ResourceExt};
 
 use outbox_relay::config::argv::{column_args, run_argv};
 use outbox_relay::config::{RunArgs, TableArgs};
+use outbox_relay::table::outbox::DeliveryOrder;
 
 use crate::crd::{BrokerProtocol, BrokerSpec, OutboxRelay, SecretKeyRef};
 use crate::reconcile::validate::RelayPlan;
@@ -239,6 +240,8 @@ fn relay_args(relay: &OutboxRelay, plan: &RelayPlan) -> Vec<String> {
             table: Some(plan.table.name.to_string()),
             columns: column_args(&plan.table.columns),
             mode: Some(plan.table.mode),
+            // Only per-key is rendered: unordered Deployments stay as they were.
+            ordering: (plan.table.ordering == DeliveryOrder::PerKey).then_some(plan.table.ordering),
             relay_name: Some(report_name(relay)),
             ..Default::default()
         },

@@ -11,7 +11,7 @@ use outbox_relay::table::ident::{Ident, TableName};
 use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::table::{Columns, OutboxTable};
 
-use crate::crd::{BrokerProtocol, OutboxRelaySpec, ScalingRules, ScalingSpec};
+use crate::crd::{BrokerProtocol, OutboxRelaySpec, RelayOrdering, ScalingRules, ScalingSpec};
 
 /// One problem with the spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +162,18 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         check.short_string("spec.broker.deadLetterExchange", dlx);
     }
     check_protocol(&mut check, spec);
+    match (spec.relay.ordering, &db.columns.partition_key) {
+        (RelayOrdering::PerKey, None) => check.fail(
+            "spec.relay.ordering",
+            "perKey orders the rows of each partition key: set \
+             spec.database.columns.partitionKey (e.g. the aggregate id), or use unordered",
+        ),
+        (RelayOrdering::Unordered, Some(_)) => check.fail(
+            "spec.database.columns.partitionKey",
+            "only has a meaning with spec.relay.ordering perKey: set it, or remove the column",
+        ),
+        _ => {}
+    }
 
     let relay = &spec.relay;
     if let Some(image) = &relay.image {
@@ -230,6 +242,7 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
             name,
             columns,
             mode: relay.delivery_mode,
+            ordering: relay.ordering.delivery_order(),
         },
         migration: MigrationOptions {
             covering_index: db.covering_index,
@@ -324,6 +337,7 @@ fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns>
     let routing_key = optional("routingKey", &c.routing_key);
     let headers = optional("headers", &c.headers);
     let attempts = optional("attempts", &c.attempts);
+    let partition_key = optional("partitionKey", &c.partition_key);
     let columns = Columns {
         id: id?,
         kind: kind?,
@@ -334,6 +348,7 @@ fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns>
         routing_key: routing_key?,
         headers: headers?,
         attempts: attempts?,
+        partition_key: partition_key?,
     };
     // One column cannot play two parts: the relay would write its error text into the payload.
     let mut seen: Vec<&Ident> = Vec::new();
@@ -594,6 +609,35 @@ mod tests {
                 .contains("is an AMQP 0-9-1 option with no meaning under protocol amqp10")
                 && m.ends_with("; remove it")),
             "{all:#?}"
+        );
+    }
+
+    #[test]
+    fn per_key_ordering_and_the_partition_key_come_together() {
+        let mut spec = sample_spec();
+        spec.relay.ordering = RelayOrdering::PerKey;
+        assert_eq!(
+            messages(&spec),
+            vec![
+                "spec.relay.ordering: perKey orders the rows of each partition key: set spec.database.columns.partitionKey (e.g. the aggregate id), or use unordered"
+            ]
+        );
+        spec.database.columns.partition_key = Some("order_id".into());
+        let plan = validate(&spec).unwrap();
+        assert_eq!(
+            plan.table.ordering,
+            outbox_relay::table::outbox::DeliveryOrder::PerKey
+        );
+        assert_eq!(
+            plan.table.columns.partition_key.map(|c| c.to_string()),
+            Some("order_id".into())
+        );
+        spec.relay.ordering = RelayOrdering::Unordered;
+        assert_eq!(
+            messages(&spec),
+            vec![
+                "spec.database.columns.partitionKey: only has a meaning with spec.relay.ordering perKey: set it, or remove the column"
+            ]
         );
     }
 

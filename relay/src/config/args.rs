@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::parse::{LogFormat, one_of, positive_duration};
 use crate::broker::BrokerProtocol;
 use crate::broker::routing::ExchangeType;
-use crate::table::outbox::{ColumnRole, DeliveryMode};
+use crate::table::outbox::{ColumnRole, DeliveryMode, DeliveryOrder};
 
 /// Options shared by every subcommand that touches the outbox table. Each is also read from
 /// the environment and from the `--config` file (same names, with underscores).
@@ -31,6 +31,10 @@ pub struct TableArgs {
     /// Default: mark.
     #[arg(long, env = "OUTBOX_RELAY_MODE", value_parser = one_of::<DeliveryMode>)]
     pub mode: Option<DeliveryMode>,
+    /// unordered, or per-key: the rows of one --partition-key-column value reach the broker
+    /// in claim order, one at a time, while different keys flow in parallel. Default: unordered.
+    #[arg(long, env = "OUTBOX_RELAY_ORDERING", value_parser = one_of::<DeliveryOrder>)]
+    pub ordering: Option<DeliveryOrder>,
     /// Name of this relay; keys its reports and its advisory locks. Default: the table name.
     #[arg(long, env = "OUTBOX_RELAY_NAME")]
     pub relay_name: Option<String>,
@@ -102,6 +106,14 @@ pub struct ColumnArgs {
         env = "OUTBOX_RELAY_ATTEMPTS_COLUMN"
     )]
     pub attempts: Option<String>,
+    /// Optional column holding the partition key (e.g. the aggregate id) that --ordering
+    /// per-key keeps in order; cast to text.
+    #[arg(
+        id = "partition_key_column",
+        long = "partition-key-column",
+        env = "OUTBOX_RELAY_PARTITION_KEY_COLUMN"
+    )]
+    pub partition_key: Option<String>,
 }
 
 impl ColumnArgs {
@@ -117,6 +129,7 @@ impl ColumnArgs {
             ColumnRole::RoutingKey => self.routing_key.as_ref(),
             ColumnRole::Headers => self.headers.as_ref(),
             ColumnRole::Attempts => self.attempts.as_ref(),
+            ColumnRole::PartitionKey => self.partition_key.as_ref(),
         }
     }
 }

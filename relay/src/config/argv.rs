@@ -77,6 +77,7 @@ pub fn column_args(columns: &Columns) -> ColumnArgs {
         routing_key: name(ColumnRole::RoutingKey),
         headers: name(ColumnRole::Headers),
         attempts: name(ColumnRole::Attempts),
+        partition_key: name(ColumnRole::PartitionKey),
     }
 }
 
@@ -87,6 +88,7 @@ fn table_argv(argv: &mut Argv, args: &TableArgs) {
         table,
         columns,
         mode,
+        ordering,
         relay_name,
     } = args;
     argv.shown("config", &config.as_ref().map(|path| path.display()));
@@ -95,6 +97,7 @@ fn table_argv(argv: &mut Argv, args: &TableArgs) {
         argv.text(role.option(), &columns.get(role).cloned());
     }
     argv.named("mode", mode);
+    argv.named("ordering", ordering);
     argv.text("relay-name", relay_name);
 }
 
@@ -188,8 +191,10 @@ mod tests {
                     routing_key: Some("rk".into()),
                     headers: Some("hdrs".into()),
                     attempts: Some("tries".into()),
+                    partition_key: Some("order_id".into()),
                 },
                 mode: Some(DeliveryMode::Delete),
+                ordering: Some(crate::table::outbox::DeliveryOrder::PerKey),
                 relay_name: Some("shop/orders".into()),
             },
             broker_protocol: Some(crate::broker::BrokerProtocol::Amqp10),

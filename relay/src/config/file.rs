@@ -11,7 +11,7 @@ use super::args::ColumnArgs;
 use super::parse::{ConfigError, LogFormat};
 use crate::broker::BrokerProtocol;
 use crate::broker::routing::ExchangeType;
-use crate::table::outbox::DeliveryMode;
+use crate::table::outbox::{DeliveryMode, DeliveryOrder};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +24,7 @@ pub struct FileConfig {
     pub table: Option<String>,
     pub columns: Option<ColumnArgs>,
     pub mode: Option<DeliveryMode>,
+    pub ordering: Option<DeliveryOrder>,
     pub relay_name: Option<String>,
     pub exchange: Option<String>,
     pub declare_exchange: Option<ExchangeType>,

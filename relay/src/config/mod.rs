@@ -20,7 +20,7 @@ use crate::broker::routing::{ExchangeType, RoutingKey};
 use crate::defaults::{self, AMQP_SHORT_STRING_MAX};
 use crate::secret_url::{SecretUrl, UrlKind};
 use crate::table::ident::{Ident, TableName};
-use crate::table::outbox::{ColumnRole, Columns, OutboxTable};
+use crate::table::outbox::{ColumnRole, Columns, DeliveryOrder, OutboxTable};
 
 /// Everything that describes the table and the database, resolved and validated.
 #[derive(Debug, Clone)]
@@ -277,12 +277,31 @@ fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig
         ));
     }
 
+    let ordering = layer(&args.ordering, &file.ordering).unwrap_or_default();
+    match (ordering, &columns.partition_key) {
+        (DeliveryOrder::PerKey, None) => {
+            return Err(ConfigError::new(
+                "ordering",
+                "per-key orders the rows of each partition key: name the key's column with \
+                 --partition-key-column (e.g. the aggregate id), or use --ordering unordered",
+            ));
+        }
+        (DeliveryOrder::Unordered, Some(_)) => {
+            return Err(ConfigError::new(
+                "partition-key-column",
+                "only has a meaning with --ordering per-key; add it, or remove the column",
+            ));
+        }
+        _ => {}
+    }
+
     Ok(TableConfig {
         database_url,
         table: OutboxTable {
             name,
             columns,
             mode: layer(&args.mode, &file.mode).unwrap_or_default(),
+            ordering,
         },
         relay_name,
     })
@@ -409,6 +428,32 @@ mod tests {
             amqp_url: Some("amqp://guest:guest@localhost:5672/%2f".into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn per_key_ordering_and_its_column_come_together() {
+        let mut args = run_args();
+        args.table.ordering = Some(DeliveryOrder::PerKey);
+        let err = resolve_run(&args).unwrap_err();
+        assert_eq!(err.field, "ordering", "{err}");
+        assert!(err.to_string().contains("--partition-key-column"), "{err}");
+
+        args.table.columns.partition_key = Some("aggregate_id".into());
+        let config = resolve_run(&args).unwrap();
+        assert_eq!(config.db.table.ordering, DeliveryOrder::PerKey);
+        assert_eq!(
+            config.db.table.columns.partition_key.map(|c| c.to_string()),
+            Some("aggregate_id".into())
+        );
+
+        args.table.ordering = None;
+        let err = resolve_run(&args).unwrap_err();
+        assert_eq!(err.field, "partition-key-column", "{err}");
+        assert!(err.to_string().contains("--ordering per-key"), "{err}");
+
+        let file =
+            FileConfig::parse("ordering: per-key\ncolumns:\n  partition_key: order_id\n").unwrap();
+        assert_eq!(file.ordering, Some(DeliveryOrder::PerKey));
     }
 
     fn amqp10_args() -> RunArgs {

@@ -137,6 +137,10 @@ fn unconfirmed_reason(unconfirmed: Unconfirmed) -> FailureReason {
 /// how many rows it claimed (0 means nothing for us there). Its span carries the batch size and
 /// sits inside the worker's and the relay's, so a log line of the batch says which relay,
 /// worker and size without repeating them.
+///
+/// `lanes` are the lanes the worker holds under per-key ordering: the claim takes only their
+/// rows, and the batch goes out in waves (see [`waves`]) so that no row is published before
+/// every earlier row of its key in the batch was confirmed. None: unordered, one wave.
 #[tracing::instrument(name = "batch", skip_all, fields(batch_size = settings.batch_size))]
 pub async fn run_batch<P: Publisher>(
     conn: &mut PgConnection,
@@ -145,9 +149,10 @@ pub async fn run_batch<P: Publisher>(
     settings: &BatchSettings,
     metrics: &Metrics,
     start: ClaimStart,
+    lanes: Option<&[i32]>,
 ) -> Result<BatchReport, BatchError> {
     let mut tx = timed(metrics, Stage::Claim, conn.begin()).await?;
-    let claim = claim_query(statements, settings.batch_size as i64, start);
+    let claim = claim_query(statements, settings.batch_size as i64, start, lanes);
     // The claim cursor schedules the wide claims by their cost, so it gets the time too.
     let (rows, claim_time) =
         observed(metrics, Stage::Claim, bounded(claim.fetch_all(&mut *tx))).await;
@@ -167,18 +172,26 @@ pub async fn run_batch<P: Publisher>(
         .iter()
         .map(|row| to_message(row, &settings.routing_key))
         .collect();
-    let messages: Vec<Message<'_>> = prepared
+    // The well-formed rows, as (row index, message), in claim order.
+    let sendable: Vec<(usize, Message<'_>)> = prepared
         .iter()
-        .filter_map(|p| p.as_ref().ok().cloned())
+        .enumerate()
+        .filter_map(|(index, p)| Some((index, p.as_ref().ok()?.clone())))
         .collect();
-    let BatchOutcome {
-        deliveries,
-        mut broken,
-        ..
-    } = publish_in_slot(publisher, &messages, settings, metrics).await;
+    let (delivered, mut broken) = match lanes {
+        None => {
+            let messages: Vec<Message<'_>> = sendable.iter().map(|(_, m)| m.clone()).collect();
+            let outcome = publish_in_slot(publisher, &messages, settings, metrics).await;
+            (
+                outcome.deliveries.into_iter().map(Some).collect(),
+                outcome.broken,
+            )
+        }
+        Some(_) => publish_in_waves(publisher, &rows, &sendable, settings, metrics).await,
+    };
 
     let mut outcomes = Vec::with_capacity(rows.len());
-    let mut delivered = deliveries.into_iter();
+    let mut delivered = delivered.into_iter();
     for (row, prepared) in rows.iter().zip(&prepared) {
         let outcome = match prepared {
             Err(malformed) => {
@@ -186,15 +199,18 @@ pub async fn run_batch<P: Publisher>(
                 RowOutcome::DeadLettered(RowError::Malformed(malformed.clone()))
             }
             Ok(_) => match delivered.next().expect("one delivery per message") {
-                Delivery::Confirmed => RowOutcome::Published,
-                Delivery::Rejected(rejection) => {
+                Some(Delivery::Confirmed) => RowOutcome::Published,
+                Some(Delivery::Rejected(rejection)) => {
                     metrics.failure(rejection_reason(&rejection));
                     after_rejection(row, rejection, settings)
                 }
-                Delivery::Unknown(unconfirmed) => {
+                Some(Delivery::Unknown(unconfirmed)) => {
                     metrics.failure(unconfirmed_reason(unconfirmed));
                     RowOutcome::Untouched
                 }
+                // Held back behind an earlier row of its key that was not confirmed: it was
+                // never sent, and waits for the next claim, behind that row.
+                None => RowOutcome::Untouched,
             },
         };
         outcomes.push(outcome);
@@ -273,6 +289,70 @@ async fn publish_in_slot<P: Publisher>(
     outcome
 }
 
+/// The waves of a per-key batch: indexes into `keys` (one per message, in claim order), wave
+/// `n` holding the `n`-th message of every key. A message without a key is unordered and goes
+/// in the first wave.
+pub fn waves(keys: &[Option<&[u8]>]) -> Vec<Vec<usize>> {
+    let mut seen: std::collections::HashMap<&[u8], usize> = std::collections::HashMap::new();
+    let mut waves: Vec<Vec<usize>> = Vec::new();
+    for (index, key) in keys.iter().enumerate() {
+        let wave = match key {
+            None => 0,
+            Some(key) => {
+                let count = seen.entry(key).or_default();
+                *count += 1;
+                *count - 1
+            }
+        };
+        if waves.len() <= wave {
+            waves.resize_with(wave + 1, Vec::new);
+        }
+        waves[wave].push(index);
+    }
+    waves
+}
+
+/// Publishes a per-key batch wave by wave, each wave awaited before the next: a message goes
+/// out only once the message before it of its key was confirmed. After a refusal or an unknown
+/// outcome the rest of that key's messages are held back (None), as is everything once the
+/// connection broke. Returns one entry per message of `sendable`.
+async fn publish_in_waves<P: Publisher>(
+    publisher: &mut P,
+    rows: &[ClaimedRow],
+    sendable: &[(usize, Message<'_>)],
+    settings: &BatchSettings,
+    metrics: &Metrics,
+) -> (Vec<Option<Delivery>>, Option<BrokerFailure>) {
+    let keys: Vec<Option<&[u8]>> = sendable
+        .iter()
+        .map(|(index, _)| rows[*index].partition_key.as_deref())
+        .collect();
+    let mut delivered: Vec<Option<Delivery>> = vec![None; sendable.len()];
+    let mut stopped: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+    let mut broken = None;
+    for wave in waves(&keys) {
+        if broken.is_some() {
+            break;
+        }
+        let go: Vec<usize> = wave
+            .into_iter()
+            .filter(|&i| keys[i].is_none_or(|key| !stopped.contains(key)))
+            .collect();
+        let messages: Vec<Message<'_>> = go.iter().map(|&i| sendable[i].1.clone()).collect();
+        let outcome = publish_in_slot(publisher, &messages, settings, metrics).await;
+        broken = outcome.broken;
+        for (i, delivery) in go.into_iter().zip(outcome.deliveries) {
+            if delivery != Delivery::Confirmed
+                && let Some(key) = keys[i]
+            {
+                stopped.insert(key);
+            }
+            delivered[i] = Some(delivery);
+        }
+    }
+    (delivered, broken)
+}
+
 /// Publishes dead letters to the dead-letter exchange with their error in a header. A dead
 /// letter the broker did not confirm stays pending, so it is never dropped silently.
 async fn forward_dead_letters<P: Publisher>(
@@ -316,6 +396,17 @@ mod tests {
 
     fn row() -> ClaimedRow {
         ClaimedRow::sample()
+    }
+
+    #[test]
+    fn waves_take_one_message_per_key_in_claim_order() {
+        let (a, b) = (Some(&b"a"[..]), Some(&b"b"[..]));
+        assert_eq!(
+            waves(&[a, b, a, None, a, b, None]),
+            vec![vec![0, 1, 3, 6], vec![2, 5], vec![4]]
+        );
+        assert_eq!(waves(&[None, None]), vec![vec![0, 1]]);
+        assert!(waves(&[]).is_empty());
     }
 
     #[test]

@@ -28,8 +28,22 @@ pub enum ClaimStart {
     After(DateTime<Utc>),
 }
 
-/// The claim statement for `start`, with its values bound.
+/// The claim statement for `start`, with its values bound; `lanes` are the lanes the worker
+/// holds under per-key ordering (bound last), None otherwise.
 pub fn claim_query(
+    statements: &Statements,
+    limit: i64,
+    start: ClaimStart,
+    lanes: Option<&[i32]>,
+) -> Query<'static, Postgres, PgArguments> {
+    let query = start_query(statements, limit, start);
+    match lanes {
+        Some(lanes) => query.bind(lanes.to_vec()),
+        None => query,
+    }
+}
+
+fn start_query(
     statements: &Statements,
     limit: i64,
     start: ClaimStart,
@@ -67,6 +81,7 @@ struct Positions {
     routing_key: usize,
     headers: usize,
     attempts: usize,
+    partition_key: usize,
 }
 
 impl Positions {
@@ -80,6 +95,7 @@ impl Positions {
             routing_key: at(columns::ROUTING_KEY)?,
             headers: at(columns::HEADERS)?,
             attempts: at(columns::ATTEMPTS)?,
+            partition_key: at(columns::PARTITION_KEY)?,
         })
     }
 
@@ -95,6 +111,7 @@ impl Positions {
             routing_key,
             headers: row.try_get(self.headers)?,
             attempts: row.try_get(self.attempts)?,
+            partition_key: raw_bytes(row, self.partition_key)?,
             malformed,
         })
     }
@@ -152,7 +169,7 @@ mod tests {
             (ClaimStart::Recent { horizon: None }, 3),
             (ClaimStart::After(Utc::now()), 2),
         ] {
-            let mut query = claim_query(&statements, 10, start);
+            let mut query = claim_query(&statements, 10, start, None);
             let arguments = query.take_arguments().unwrap().expect("bound values");
             assert_eq!(arguments.len(), values, "{start:?}");
         }

@@ -16,6 +16,8 @@ pub struct ClaimedRow {
     pub routing_key: Option<String>,
     pub headers: Option<serde_json::Value>,
     pub attempts: i32,
+    /// The partition key's bytes (per-key ordering groups by them); None when unmapped or NULL.
+    pub partition_key: Option<Vec<u8>>,
     /// Set when a column could not be read as the message needs it.
     pub malformed: Option<Malformed>,
 }
@@ -63,6 +65,7 @@ impl ClaimedRow {
             routing_key: Some("orders".into()),
             headers: None,
             attempts: 0,
+            partition_key: None,
             malformed: None,
         }
     }

@@ -4,6 +4,7 @@
 pub mod backoff;
 pub mod health;
 pub mod http;
+pub mod lanes;
 pub mod listener;
 pub mod reporter;
 pub mod run;

@@ -21,6 +21,7 @@ use crate::runtime::reporter::{ReporterContext, run_reporter};
 use crate::runtime::worker::{WorkerContext, run_worker};
 use crate::table::inspect::{InspectError, TableShape, inspect};
 use crate::table::migrate::notify_channel;
+use crate::table::outbox::DeliveryOrder;
 use crate::table::sql::Statements;
 
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +159,8 @@ pub async fn run(
         wake: wake_rx,
         published_total: published_total.clone(),
         health: health.clone(),
+        lanes_of: (config.db.table.ordering == DeliveryOrder::PerKey)
+            .then(|| config.db.relay_name.clone()),
     };
     let mut workers = tokio::task::JoinSet::new();
     match config.broker_protocol {

@@ -15,9 +15,11 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::broker::{ConnectError, Connector, Publisher};
 use crate::metrics::Metrics;
 use crate::protocol::batch::{BatchSettings, run_batch};
+use crate::protocol::claim::ClaimStart;
 use crate::protocol::cursor::ClaimCursor;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
+use crate::runtime::lanes::Lanes;
 use crate::secret_url::SecretUrl;
 use crate::table::sql::Statements;
 
@@ -37,6 +39,9 @@ pub struct WorkerContext<C> {
     pub published_total: Arc<AtomicU64>,
     /// Where a worker tells why it cannot connect, for `/readyz` and the reports.
     pub health: Health,
+    /// Under per-key ordering, the relay name whose lanes the workers hold ([`Lanes`]);
+    /// None: unordered.
+    pub lanes_of: Option<String>,
 }
 
 impl<C> WorkerContext<C> {
@@ -53,6 +58,7 @@ impl<C> WorkerContext<C> {
             wake: self.wake,
             published_total: self.published_total,
             health: self.health,
+            lanes_of: self.lanes_of,
         }
     }
 }
@@ -146,6 +152,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         Link::new("the broker", ctx.metrics.broker_connected.clone());
     let mut wake = ctx.wake.clone();
     let mut cursor = ClaimCursor::default();
+    let mut lanes = ctx.lanes_of.as_deref().map(Lanes::new);
 
     while !ctx.shutdown.is_cancelled() {
         if let Err(e) = db
@@ -176,8 +183,45 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
 
         let seen_wake = *wake.borrow_and_update();
         let conn = db.connection.as_mut().expect("connected above");
+        let held = match lanes.as_mut() {
+            None => None,
+            Some(lanes) => match lanes.balance_if_due(conn).await {
+                Ok(balance) => {
+                    if let Some(b) = balance.filter(|b| b.taken + b.released > 0) {
+                        info!(
+                            workers = b.workers,
+                            share = b.share,
+                            taken = b.taken,
+                            released = b.released,
+                            held = lanes.held().len(),
+                            "lanes rebalanced"
+                        );
+                    }
+                    Some(lanes.held())
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot balance the lanes; reconnecting to PostgreSQL");
+                    lanes.forget();
+                    drop(db.take());
+                    pause(&ctx.shutdown, db.next_delay()).await;
+                    continue;
+                }
+            },
+        };
+        if held.as_ref().is_some_and(Vec::is_empty) {
+            // Every lane is held by other workers (more workers than lanes, or a rebalance
+            // under way): nothing to claim until the next balance.
+            idle(&ctx, &mut wake, seen_wake).await;
+            continue;
+        }
         let publisher = broker.connection.as_mut().expect("connected above");
-        let start = cursor.next_start();
+        // Per-key claims always start at the head: a seek past a pending row (one the broker
+        // refused, or one of a lane just taken over) would let a later row of its key overtake
+        // it.
+        let start = match held {
+            Some(_) => ClaimStart::Head,
+            None => cursor.next_start(),
+        };
         ctx.metrics.workers_busy.inc();
         let result = run_batch(
             conn,
@@ -186,6 +230,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             &ctx.settings,
             &ctx.metrics,
             start,
+            held.as_deref(),
         )
         .await;
         ctx.metrics.workers_busy.dec();
@@ -193,20 +238,27 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             Ok(report) => {
                 ctx.published_total
                     .fetch_add(report.published as u64, Ordering::Relaxed);
-                cursor.advance(&report, ctx.settings.batch_size);
+                // Per-key claims start at the head every time and keep no cursor.
+                let ordered = held.is_some();
+                if !ordered {
+                    cursor.advance(&report, ctx.settings.batch_size);
+                }
                 if let Some(reason) = &report.broker_broken {
                     warn!(%reason, untouched = report.untouched, "broker connection failed mid-batch; reconnecting");
                     if let Some(old) = broker.take() {
                         old.close().await;
                     }
                     pause(&ctx.shutdown, broker.next_delay()).await;
-                } else if report.claimed == 0 && cursor.idle_after_empty_claim() {
+                } else if report.claimed == 0 && (ordered || cursor.idle_after_empty_claim()) {
                     idle(&ctx, &mut wake, seen_wake).await;
                 }
             }
             Err(e) => {
                 warn!(error = %e, "batch rolled back; reconnecting to PostgreSQL");
                 cursor.reset();
+                if let Some(lanes) = lanes.as_mut() {
+                    lanes.forget();
+                }
                 drop(db.take());
                 pause(&ctx.shutdown, db.next_delay()).await;
             }

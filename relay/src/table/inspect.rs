@@ -89,6 +89,11 @@ fn expected_types(role: ColumnRole) -> (&'static [&'static str], &'static str) {
         }
         ColumnRole::Headers => (&["jsonb", "json"], "jsonb or json"),
         ColumnRole::Attempts => (&["int2", "int4", "int8"], "an integer type"),
+        // Compared as text: an aggregate id is usually one of these.
+        ColumnRole::PartitionKey => (
+            &["text", "varchar", "bpchar", "uuid", "int2", "int4", "int8"],
+            "text, varchar, uuid or an integer type",
+        ),
     }
 }
 

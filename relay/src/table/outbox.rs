@@ -38,6 +38,37 @@ impl DeliveryMode {
     }
 }
 
+/// In what order rows reach the broker. The operator's CRD has its own spelling (`perKey`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Deserialize,
+    serde::Serialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeliveryOrder {
+    /// No promise: parallel workers and pods publish concurrently.
+    #[default]
+    Unordered,
+    /// Rows of one partition key reach the broker in claim order, one at a time; different
+    /// keys in parallel (see `runtime::lanes`).
+    PerKey,
+}
+
+impl DeliveryOrder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unordered => "unordered",
+            Self::PerKey => "per-key",
+        }
+    }
+}
+
 /// Column names of the outbox table. Required ones exist in the reference article's table;
 /// optional ones are used when the user maps them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +82,8 @@ pub struct Columns {
     pub routing_key: Option<Ident>,
     pub headers: Option<Ident>,
     pub attempts: Option<Ident>,
+    /// The partition key (e.g. the aggregate id) that per-key ordering orders by.
+    pub partition_key: Option<Ident>,
 }
 
 /// A column of the outbox table that a user can map, with the option that names it.
@@ -65,10 +98,11 @@ pub enum ColumnRole {
     RoutingKey,
     Headers,
     Attempts,
+    PartitionKey,
 }
 
 impl ColumnRole {
-    pub const ALL: [ColumnRole; 9] = [
+    pub const ALL: [ColumnRole; 10] = [
         ColumnRole::Id,
         ColumnRole::Type,
         ColumnRole::Payload,
@@ -78,6 +112,7 @@ impl ColumnRole {
         ColumnRole::RoutingKey,
         ColumnRole::Headers,
         ColumnRole::Attempts,
+        ColumnRole::PartitionKey,
     ];
 
     /// The flag (without dashes) that maps the column; messages name it.
@@ -92,6 +127,7 @@ impl ColumnRole {
             ColumnRole::RoutingKey => "routing-key-column",
             ColumnRole::Headers => "headers-column",
             ColumnRole::Attempts => "attempts-column",
+            ColumnRole::PartitionKey => "partition-key-column",
         }
     }
 
@@ -105,7 +141,10 @@ impl ColumnRole {
             ColumnRole::OccurredAt => Some(defaults::columns::OCCURRED_AT),
             ColumnRole::ProcessedAt => Some(defaults::columns::PROCESSED_AT),
             ColumnRole::Error => Some(defaults::columns::ERROR),
-            ColumnRole::RoutingKey | ColumnRole::Headers | ColumnRole::Attempts => None,
+            ColumnRole::RoutingKey
+            | ColumnRole::Headers
+            | ColumnRole::Attempts
+            | ColumnRole::PartitionKey => None,
         }
     }
 }
@@ -149,6 +188,7 @@ impl Columns {
             routing_key: name(ColumnRole::RoutingKey)?,
             headers: name(ColumnRole::Headers)?,
             attempts: name(ColumnRole::Attempts)?,
+            partition_key: name(ColumnRole::PartitionKey)?,
         })
     }
 
@@ -164,6 +204,7 @@ impl Columns {
             ColumnRole::RoutingKey => self.routing_key.as_ref(),
             ColumnRole::Headers => self.headers.as_ref(),
             ColumnRole::Attempts => self.attempts.as_ref(),
+            ColumnRole::PartitionKey => self.partition_key.as_ref(),
         }
     }
 
@@ -182,6 +223,8 @@ pub struct OutboxTable {
     pub name: TableName,
     pub columns: Columns,
     pub mode: DeliveryMode,
+    /// Per-key ordering needs `columns.partition_key`; configuration checks both together.
+    pub ordering: DeliveryOrder,
 }
 
 impl OutboxTable {
@@ -190,6 +233,7 @@ impl OutboxTable {
             name,
             columns: Columns::default(),
             mode: DeliveryMode::Mark,
+            ordering: DeliveryOrder::Unordered,
         }
     }
 

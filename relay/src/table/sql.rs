@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::table::inspect::{PayloadKind, TableShape};
-use crate::table::outbox::{DeliveryMode, OutboxTable};
+use crate::table::outbox::{DeliveryMode, DeliveryOrder, OutboxTable};
 
 /// The names of the claim's output columns: every row decodes into the same shape whatever is
 /// mapped, and the protocol reads the columns by these names.
@@ -16,12 +16,20 @@ pub mod columns {
     pub const ROUTING_KEY: &str = "routing_key";
     pub const HEADERS: &str = "headers";
     pub const ATTEMPTS: &str = "attempts";
+    pub const PARTITION_KEY: &str = "partition_key";
 }
+
+/// Per-key ordering hashes every partition key into one of this many lanes; a lane is claimed
+/// by one worker at a time (`runtime::lanes`). A power of two, so the lane is a bit mask of the
+/// key's hash; fixed, because every pod of a relay must map a key to the same lane.
+pub const LANES: i32 = 256;
 
 /// The statements one worker runs, prepared as text at start.
 #[derive(Debug, Clone)]
 pub struct Statements {
-    /// Claims up to `$1` pending rows in claim order, skipping rows other workers hold.
+    /// Claims up to `$1` pending rows in claim order, skipping rows other workers hold. Under
+    /// per-key ordering every claim takes one more value, the lanes the worker holds (an int4[],
+    /// the last placeholder), and does not skip locked rows: see [`Statements::build`].
     pub claim: Arc<str>,
     /// The same claim starting at claim position `$2` (a timestamptz: the last claimed row's
     /// occurred-at), so the index scan seeks past the processed rows whose dead entries pile up
@@ -98,27 +106,64 @@ impl Statements {
             format!("coalesce(t.{}, 0)::int4", col.quoted())
         });
 
-        let claim_where = |bound: &str| {
+        let key_expr = c
+            .partition_key
+            .as_ref()
+            .map_or("NULL::text".to_string(), |col| {
+                text(format!("t.{}", col.quoted()))
+            });
+        // Per-key ordering: a worker claims only rows of the lanes it holds, where no other
+        // relay worker claims (runtime::lanes), so it need not skip locked rows, and must not:
+        // a row locked by someone else would let a later row of its key overtake it. It waits
+        // instead (bounded by the batch's database timeout). A NULL key is unordered, its
+        // lane spread by the id. Ties in occurred-at are broken by id, so the order of a key is
+        // total.
+        let per_key = table.ordering == DeliveryOrder::PerKey && c.partition_key.is_some();
+        let lane_expr = c.partition_key.as_ref().map_or(String::new(), |col| {
+            format!(
+                "(hashtext(coalesce(t.{}::text, t.{id}::text)) & {})",
+                col.quoted(),
+                LANES - 1
+            )
+        });
+        let claim_where = |bound: &str, lanes_placeholder: usize| {
             use columns::*;
+            let (lanes, order, lock) = if per_key {
+                (
+                    format!(" AND {lane_expr} = ANY(${lanes_placeholder}::int4[])"),
+                    format!("t.{occurred}, t.{id}"),
+                    "FOR UPDATE OF t",
+                )
+            } else {
+                (
+                    String::new(),
+                    format!("t.{occurred}"),
+                    "FOR UPDATE OF t SKIP LOCKED",
+                )
+            };
             format!(
                 "SELECT t.{id} AS {ID}, {kind_expr} AS {KIND}, {payload_expr} AS {PAYLOAD}, \
                  t.{occurred}::timestamptz AS {OCCURRED_AT}, {routing_expr} AS {ROUTING_KEY}, \
-                 {headers_expr} AS {HEADERS}, {attempts_expr} AS {ATTEMPTS} \
-                 FROM {t} AS t WHERE t.{processed} IS NULL{bound} \
-                 ORDER BY t.{occurred} LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
+                 {headers_expr} AS {HEADERS}, {attempts_expr} AS {ATTEMPTS}, \
+                 {key_expr} AS {PARTITION_KEY} \
+                 FROM {t} AS t WHERE t.{processed} IS NULL{bound}{lanes} \
+                 ORDER BY {order} LIMIT $1 {lock}"
             )
         };
-        let claim = claim_where("");
+        let claim = claim_where("", 2);
         // The bound is the claim's own output (the column cast to timestamptz). Against a
         // timestamp column the comparison is btree's cross-type timestamp >= timestamptz, which
         // converts with the session time zone exactly as the claim did, and is still an index
         // condition.
-        let claim_from = claim_where(&format!(" AND t.{occurred} >= $2::timestamptz"));
+        let claim_from = claim_where(&format!(" AND t.{occurred} >= $2::timestamptz"), 3);
         // LEAST ignores a NULL horizon. The bound is a stable expression, computed once per
         // statement, so it stays an index condition.
-        let claim_recent = claim_where(&format!(
-            " AND t.{occurred} >= least($2::timestamptz, now() - make_interval(secs => $3::float8))"
-        ));
+        let claim_recent = claim_where(
+            &format!(
+                " AND t.{occurred} >= least($2::timestamptz, now() - make_interval(secs => $3::float8))"
+            ),
+            4,
+        );
 
         let settle_all_published = match table.mode {
             DeliveryMode::Mark => format!(
@@ -304,5 +349,36 @@ mod tests {
                 assert!(!text.contains('\''), "a literal in {text}");
             }
         }
+    }
+
+    #[test]
+    fn per_key_claims_take_the_held_lanes_in_a_total_order_and_wait_for_locks() {
+        let mut t = table();
+        t.columns.partition_key = Some(Ident::new("aggregate_id").unwrap());
+        t.ordering = DeliveryOrder::PerKey;
+        let s = Statements::new(&t, PayloadKind::Json);
+        let lane = format!(
+            "(hashtext(coalesce(t.\"aggregate_id\"::text, t.\"id\"::text)) & {})",
+            LANES - 1
+        );
+        for (text, lanes) in [(&s.claim, 2), (&s.claim_from, 3), (&s.claim_recent, 4)] {
+            assert!(
+                text.contains(&format!("{lane} = ANY(${lanes}::int4[])")),
+                "{text}"
+            );
+            assert!(
+                text.ends_with("ORDER BY t.\"occurred_on_utc\", t.\"id\" LIMIT $1 FOR UPDATE OF t"),
+                "{text}"
+            );
+            assert!(text.contains("t.\"aggregate_id\"::text AS partition_key"));
+            let mut used = placeholders(text);
+            used.sort_unstable();
+            assert_eq!(used, (1..=lanes).collect::<Vec<u32>>(), "{text}");
+        }
+        // The column alone changes nothing: unordered claims skip locked rows as before.
+        t.ordering = DeliveryOrder::Unordered;
+        let unordered = Statements::new(&t, PayloadKind::Json);
+        assert!(unordered.claim.ends_with("FOR UPDATE OF t SKIP LOCKED"));
+        assert!(!unordered.claim.contains("hashtext"));
     }
 }

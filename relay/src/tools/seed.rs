@@ -28,6 +28,9 @@ pub fn create_table_sql(table: &OutboxTable) -> Vec<String> {
     if let Some(col) = &c.attempts {
         extra.push_str(&format!(", {} integer NOT NULL DEFAULT 0", col.quoted()));
     }
+    if let Some(col) = &c.partition_key {
+        extra.push_str(&format!(", {} text NULL", col.quoted()));
+    }
     statements.push(format!(
         "CREATE TABLE IF NOT EXISTS {} ({} uuid PRIMARY KEY, {} varchar(255) NOT NULL, {} jsonb, \
          {} timestamptz NOT NULL DEFAULT now(), {} timestamptz NULL, {} text NULL{extra})",

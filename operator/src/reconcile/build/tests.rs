@@ -294,6 +294,19 @@ fn amqp10_renders_its_flags_and_none_of_amqp091() {
 }
 
 #[test]
+fn per_key_ordering_reaches_the_pods_and_unordered_renders_nothing_new() {
+    let mut spec = sample_spec();
+    spec.relay.ordering = crate::crd::RelayOrdering::PerKey;
+    spec.database.columns.partition_key = Some("order_id".into());
+    let d = build(spec, 1);
+    assert_eq!(arg(&d, "ordering"), Some("per-key"));
+    assert_eq!(arg(&d, "partition-key-column"), Some("order_id"));
+    let plain = build(sample_spec(), 1);
+    assert_eq!(arg(&plain, "ordering"), None);
+    assert_eq!(arg(&plain, "partition-key-column"), None);
+}
+
+#[test]
 fn amqp091_keeps_the_deployment_it_had_before_protocols() {
     let spec = sample_spec();
     let broker_secret = spec.broker.url_secret_ref.name.clone();

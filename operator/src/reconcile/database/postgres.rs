@@ -239,6 +239,10 @@ fn describe_for_spec(error: &MigrateError) -> String {
         ("--routing-key-column", "spec.database.columns.routingKey"),
         ("--headers-column", "spec.database.columns.headers"),
         ("--attempts-column", "spec.database.columns.attempts"),
+        (
+            "--partition-key-column",
+            "spec.database.columns.partitionKey",
+        ),
     ]
     .iter()
     .fold(text, |text, (flag, field)| text.replace(flag, field))
