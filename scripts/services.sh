@@ -5,6 +5,11 @@
 # Maven Central into the cache), or says exactly what to run otherwise.
 #   scripts/services.sh               start whatever is not up
 #   scripts/services.sh stop-artemis  stop the Artemis broker this script started
+#   scripts/services.sh artemis-instance DIR PORT
+#                                     make (once) and start a private Artemis broker in DIR, AMQP 1.0
+#                                     on 127.0.0.1:PORT, for a test that restarts its own broker
+#   scripts/services.sh stop-artemis-instance DIR [--kill]
+#                                     stop it (with --kill: SIGKILL, as a crash)
 set -euo pipefail
 
 PGHOST=127.0.0.1
@@ -245,10 +250,62 @@ stop_artemis() {
   rm -f "$artemis_pidfile"
 }
 
+# A private broker: its own instance, AMQP 1.0 on PORT and its core acceptor on PORT+1000,
+# started in a session of its own; the pid file is DIR/data/artemis.pid.
+start_private_artemis() {
+  local dir=$1 port=$2
+  install_artemis
+  if [ ! -f "$dir/.outbox-relay" ]; then
+    rm -rf "$dir"
+    mkdir -p "$(dirname "$dir")"
+    if ! "$artemis_home/bin/artemis" create --silent --user outbox --password outbox --allow-anonymous \
+      --host 127.0.0.1 --name outbox-private --mapped --no-fsync --java-memory 128M --no-web --no-autotune \
+      --no-hornetq-acceptor --no-mqtt-acceptor --no-stomp-acceptor "$dir" >"$dir.create.log" 2>&1; then
+      tail -n 20 "$dir.create.log" >&2; echo "artemis create failed (log: $dir.create.log)" >&2; exit 1
+    fi
+    sed -i \
+      -e "/<acceptor name=\"amqp\">/s|tcp://127.0.0.1:5672?|tcp://127.0.0.1:$port?|" \
+      -e "/<acceptor name=\"artemis\">/s|tcp://127.0.0.1:61616?|tcp://127.0.0.1:$((port + 1000))?|" \
+      -e 's|<critical-analyzer-policy>HALT<|<critical-analyzer-policy>LOG<|' \
+      -e 's|<max-disk-usage>90<|<max-disk-usage>-1<|' \
+      "$dir/etc/broker.xml"
+    sed -i 's|-Xms512M|-Xms64M|' "$dir/etc/artemis.profile"
+    grep -q "127.0.0.1:$port?" "$dir/etc/broker.xml" || { echo "could not configure $dir/etc/broker.xml" >&2; exit 1; }
+    touch "$dir/.outbox-relay"
+  fi
+  if ! amqp10_up 127.0.0.1 "$port"; then
+    mkdir -p "$dir/data" "$dir/log"
+    # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
+    setsid bash -c 'echo $$ >"$1"; exec "$2/bin/artemis" run' _ "$dir/data/artemis.pid" "$dir" \
+      >"$dir/log/console.log" 2>&1 </dev/null &
+  fi
+  local second
+  for second in $(seq 1 90); do
+    amqp10_up 127.0.0.1 "$port" && return 0
+    sleep 1
+    [ "$second" -gt 2 ] && ! kill -0 "$(cat "$dir/data/artemis.pid" 2>/dev/null || echo 0)" 2>/dev/null && break
+  done
+  tail -n 30 "$dir/log/console.log" >&2 || true
+  echo "the private Artemis in $dir did not answer on 127.0.0.1:$port" >&2; exit 1
+}
+
+stop_private_artemis() {
+  local dir=$1 signal=TERM pid
+  [ "${2:-}" = --kill ] && signal=KILL
+  pid=$(cat "$dir/data/artemis.pid" 2>/dev/null) || return 0
+  tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF "$dir" || { rm -f "$dir/data/artemis.pid"; return 0; }
+  kill "-$signal" "$pid"
+  for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$dir/data/artemis.pid"
+}
+
 case "${1:-}" in
   "") ;;
   stop-artemis) stop_artemis; exit 0 ;;
-  *) echo "usage: $0 [stop-artemis]" >&2; exit 2 ;;
+  artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
+  stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
+  *) echo "usage: $0 [stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill]]" >&2; exit 2 ;;
 esac
 
 if ! pg_up || ! rabbit_up || ! artemis_up || ! artemis_current; then install_missing; fi

@@ -32,6 +32,68 @@ pub fn artemis_ca() -> std::path::PathBuf {
     cache.join("artemis/tls-ca.pem")
 }
 
+/// An ActiveMQ Artemis broker of one test's own (scripts/services.sh makes and starts it), so
+/// the test can crash and restart it without disturbing the tests on the shared broker.
+pub struct PrivateArtemis {
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl PrivateArtemis {
+    /// Starts the broker in `~/.cache/outbox-relay/artemis/private-NAME` on `port` (made on
+    /// first use, kept for the next run).
+    pub fn start(name: &str, port: u16) -> Self {
+        let dir = artemis_ca()
+            .parent()
+            .expect("the artemis cache folder")
+            .join(format!("private-{name}"));
+        let broker = Self { dir, port };
+        broker.up();
+        broker
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://outbox:outbox@127.0.0.1:{}", self.port)
+    }
+
+    /// Starts it again (after [`Self::crash`]); returns once it answers AMQP 1.0.
+    pub fn up(&self) {
+        self.services(&[
+            "artemis-instance",
+            self.dir.to_str().unwrap(),
+            &self.port.to_string(),
+        ]);
+    }
+
+    /// SIGKILL: the broker dies as in a crash; what it had written stays in its journal.
+    pub fn crash(&self) {
+        self.services(&[
+            "stop-artemis-instance",
+            self.dir.to_str().unwrap(),
+            "--kill",
+        ]);
+    }
+
+    fn services(&self, args: &[&str]) {
+        let status = std::process::Command::new(crate::repo_root().join("scripts/services.sh"))
+            .args(args)
+            .status()
+            .expect("run scripts/services.sh");
+        assert!(status.success(), "scripts/services.sh {args:?} failed");
+    }
+}
+
+impl Drop for PrivateArtemis {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(crate::repo_root().join("scripts/services.sh"))
+            .args([
+                "stop-artemis-instance",
+                self.dir.to_str().unwrap_or_default(),
+            ])
+            .status();
+    }
+}
+
 /// Artemis address prefixes that services.sh configures: a full address after one message
 /// (`rejected`, or `modified` on the second acceptor), and addresses it will not create.
 pub const ARTEMIS_FULL_PREFIX: &str = "outbox-full.";
