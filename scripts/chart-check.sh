@@ -205,6 +205,8 @@ METRICS = [
     "outbox_relay_table_last_vacuum_age_seconds",
     "outbox_relay_pending_index_bytes",
     "outbox_relay_autovacuum_enabled",
+    "outbox_relay_blocked_keys",
+    "outbox_relay_blocked_key_oldest_age_seconds",
     "kube_deployment_status_replicas",
 ]
 
@@ -596,12 +598,12 @@ def dashboard_files():
         got = " | ".join(p["title"] for p in dash["panels"]).lower()
         want = ["backlog", "oldest", "publish rate", "replicas", "stage latency", "dead-letter",
                 "horizon", "holder", "dead vs live tuples", "last vacuum", "pending index", "autovacuum",
-                "last lag report"]
+                "last lag report", "blocked keys"]
         absent = [w for w in want if w not in got]
         return not absent or f"no title with {absent} in: {got}"
 
     attempt("dashboard: backlog, oldest age, publish rate, replicas, stage latencies, dead-letters, "
-            "table health (horizon and holder, tuples, vacuum, index, autovacuum), report age", titles)
+            "table health (horizon and holder, tuples, vacuum, index, autovacuum), report age, blocked keys", titles)
 
     def layout():
         dash = json.load(open(a))

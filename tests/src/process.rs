@@ -170,6 +170,18 @@ impl RelayProcess {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The address of its /metrics server, once it logged it (within 20 s, else a panic with
+    /// the log).
+    pub async fn metrics_addr(&self) -> String {
+        crate::wait::for_value(
+            "the relay logs its metrics address",
+            Duration::from_secs(20),
+            || async { crate::http::metrics_addr(&self.log_text()) },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}:\n{}", self.log_text()))
+    }
 }
 
 /// Runs `command` (`kubectl apply -f -`, say) with `stdin` as its standard input, and returns

@@ -150,13 +150,7 @@ async fn an_address_the_broker_refuses_is_named_on_readyz() {
     let mut args = amqp10_args(&name, Broker::Artemis, &address);
     args.retain(|a| *a != "--headers-column" && *a != "headers");
     let relay = process::spawn_relay(&name, &args);
-    let addr = wait::for_value(
-        "the relay logs its metrics address",
-        Duration::from_secs(20),
-        || async { http::metrics_addr(&relay.log_text()) },
-    )
-    .await
-    .unwrap();
+    let addr = relay.metrics_addr().await;
     let named = wait::until(
         "/readyz names the refused address",
         Duration::from_secs(20),

@@ -119,13 +119,7 @@ async fn a_missing_exchange_is_named_backed_off_and_reported_until_it_is_declare
         ],
     );
     let mut relay = process::spawn_relay(&name, &args);
-    let addr = wait::for_value(
-        "the relay logs its metrics address",
-        Duration::from_secs(20),
-        || async { http::metrics_addr(&relay.log_text()) },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}:\n{}", relay.log_text()));
+    let addr = relay.metrics_addr().await;
     let message = missing_exchange_message(&exchange, "/");
 
     wait::until(

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox_tests::{db, http, process, unique, wait};
+use outbox_tests::{db, http, process, unique};
 
 /// `run` arguments without `--metrics-addr`, so the default applies.
 fn default_addr_args<'a>(table: &'a str, exchange: &'a str) -> Vec<&'a str> {
@@ -36,13 +36,7 @@ async fn two_relays_with_the_default_address_both_run_on_loopback() {
     ];
     let mut addrs = Vec::new();
     for relay in &relays {
-        let addr = wait::for_value(
-            "the relay to log its metrics address",
-            Duration::from_secs(20),
-            || async { http::metrics_addr(&relay.log_text()) },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}: {}", relay.log_text()));
+        let addr = relay.metrics_addr().await;
         let log = relay.log_text();
         assert!(
             log.contains("the default metrics port 9090 is taken")

@@ -9,7 +9,7 @@ use lapin::ExchangeKind;
 use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::Ident;
 use outbox_tests::ordering::{check, expected_order};
-use outbox_tests::{broker, db, process, unique, wait};
+use outbox_tests::{broker, db, http, metrics, process, unique, wait};
 
 const KEY: &str = "aggregate_id";
 
@@ -249,6 +249,92 @@ async fn a_refused_message_holds_back_only_its_key_until_it_is_dead_lettered() {
         report.keys_out_of_order
     );
     assert_eq!(report.first_deliveries, 1_999);
+    consumer.close().await;
+}
+
+/// While a key waits behind a refused message the relay counts it as blocked, with how long;
+/// every other key drains meanwhile. Once the message can go (here its routing is fixed) the
+/// key resumes in order and the gauges fall back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_key_is_counted_until_its_message_goes_through() {
+    let name = unique("per_key_blocked");
+    let (table, mut conn) = keyed_table(&name, 1_000, 20).await;
+    let t = table.name.quoted();
+    // The 3rd row of key order-7 cannot be routed; 1000 attempts outlast the test.
+    db::exec(
+        &mut conn,
+        &format!(
+            "UPDATE {t} SET type = 'nowhere' WHERE id = (SELECT id FROM {t} WHERE {KEY} = 'order-7' \
+             ORDER BY occurred_on_utc, id OFFSET 2 LIMIT 1)"
+        ),
+    )
+    .await;
+    let expected = expected_order(&mut conn, &table, KEY).await;
+    let consumer = broker::consume(&name, ExchangeKind::Direct, "good").await;
+    let args = ordered_args(&name, &["--mandatory", "true", "--max-attempts", "1000"]);
+    let mut relay = process::spawn_relay(&name, &args);
+    let addr = relay.metrics_addr().await;
+    let gauges = || async {
+        let (_, text) = http::get(&addr, "/metrics").await;
+        (
+            metrics::value(&text, "outbox_relay_blocked_keys"),
+            metrics::value(&text, "outbox_relay_blocked_key_oldest_age_seconds"),
+        )
+    };
+
+    // Only order-7 from its refused row on stays pending (50 rows a key, 2 settled before it).
+    let held_back = wait::until(
+        "every other key drained",
+        Duration::from_secs(60),
+        || async { db::pending(&mut db::connect().await, &table).await == 48 },
+    )
+    .await;
+    assert!(held_back.is_ok(), "{}", relay.log_text());
+    let counted = wait::until(
+        "one key blocked for over a second",
+        Duration::from_secs(20),
+        || async {
+            matches!(gauges().await, (Some(count), Some(age)) if count == 1.0 && age > 1.0)
+        },
+    )
+    .await;
+    assert!(counted.is_ok(), "{:?}", gauges().await);
+    let attempts = db::scalar_i64(
+        &mut conn,
+        &format!("SELECT attempts::int8 FROM {t} WHERE type = 'nowhere'"),
+    )
+    .await;
+    // Retried while blocked, but at the poll interval (200 ms), not in a busy loop.
+    assert!((2..100).contains(&attempts), "{attempts} attempts");
+
+    db::exec(
+        &mut conn,
+        &format!("UPDATE {t} SET type = 'good' WHERE type = 'nowhere'"),
+    )
+    .await;
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(30)).await,
+        "{}",
+        relay.log_text()
+    );
+    let released = wait::until("the gauges fall to 0", Duration::from_secs(10), || async {
+        gauges().await == (Some(0.0), Some(0.0))
+    })
+    .await;
+    assert!(released.is_ok(), "{:?}", gauges().await);
+    let arrived = wait::holds("1,000 rows arrived", Duration::from_secs(30), || async {
+        consumer.distinct() >= 1_000
+    })
+    .await;
+    assert!(arrived, "{} arrived", consumer.distinct());
+    let report = check(&consumer.arrivals(), &expected);
+    assert!(
+        report.keys_out_of_order.is_empty(),
+        "{:?}",
+        report.keys_out_of_order
+    );
+    assert_eq!(report.first_deliveries, 1_000);
+    assert_eq!(relay.terminate(Duration::from_secs(20)).await, Some(0));
     consumer.close().await;
 }
 

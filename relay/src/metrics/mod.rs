@@ -1,9 +1,11 @@
 //! Prometheus metrics of one relay process. Each process owns its registry (not the global
 //! one) so tests can run several relays side by side.
 
+mod blocked_keys;
 mod registry;
 mod table_health;
 
+pub use blocked_keys::{BlockedKeys, KeyEvent};
 pub use registry::registered;
 pub use table_health::TableHealthMetrics;
 
@@ -88,6 +90,8 @@ pub struct Metrics {
     /// When this process last wrote its lag report (Unix seconds): an alert sees it go stale.
     pub last_report_timestamp: Gauge,
     pub table: TableHealthMetrics,
+    /// Under per-key ordering: the keys this process's workers hold back.
+    pub blocked_keys: BlockedKeys,
 }
 
 impl Metrics {
@@ -199,6 +203,7 @@ impl Metrics {
                 ),
             ),
             table: TableHealthMetrics::new(r),
+            blocked_keys: BlockedKeys::new(r),
             registry,
         }
     }
@@ -213,6 +218,7 @@ impl Metrics {
 
     /// The text exposition format for `/metrics`.
     pub fn render(&self) -> String {
+        self.blocked_keys.refresh();
         let mut buffer = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut buffer)

@@ -17,7 +17,7 @@ use crate::broker::routing::RoutingKey;
 use crate::broker::{
     BatchOutcome, BrokerFailure, Delivery, Message, Publisher, Rejection, Target, Unconfirmed,
 };
-use crate::metrics::{FailureReason, Metrics, Stage};
+use crate::metrics::{FailureReason, KeyEvent, Metrics, Stage};
 use crate::table::sql::Statements;
 
 /// Longest wait for one database round trip; a stalled connection is replaced after it.
@@ -232,6 +232,9 @@ pub async fn run_batch<P: Publisher>(
         timed(metrics, Stage::Mark, settle.execute(&mut *tx)).await?;
     }
     timed(metrics, Stage::Commit, tx.commit()).await?;
+    if lanes.is_some() {
+        metrics.blocked_keys.record(key_events(&rows, &outcomes));
+    }
     metrics.published.inc_by(counts.published as u64);
     metrics.dead_lettered.inc_by(counts.dead_lettered as u64);
     let SettleCounts {
@@ -351,6 +354,23 @@ async fn publish_in_waves<P: Publisher>(
         }
     }
     (delivered, broken)
+}
+
+/// What a per-key batch did to each keyed row's key, in claim order: a row that will be tried
+/// again holds its key back; one settled lets it move on. Rows left untouched (held back, or no
+/// answer from the broker) change nothing.
+fn key_events<'a>(
+    rows: &'a [ClaimedRow],
+    outcomes: &'a [RowOutcome],
+) -> impl Iterator<Item = (&'a [u8], i32, KeyEvent)> {
+    rows.iter().zip(outcomes).filter_map(|(row, outcome)| {
+        let event = match outcome {
+            RowOutcome::Retry(_) => KeyEvent::Refused,
+            RowOutcome::Published | RowOutcome::DeadLettered(_) => KeyEvent::Settled,
+            RowOutcome::Untouched => return None,
+        };
+        Some((row.partition_key.as_deref()?, row.lane?, event))
+    })
 }
 
 /// Publishes dead letters to the dead-letter exchange with their error in a header. A dead

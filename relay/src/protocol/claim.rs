@@ -82,6 +82,8 @@ struct Positions {
     headers: usize,
     attempts: usize,
     partition_key: usize,
+    /// Per-key claims only.
+    lane: Option<usize>,
 }
 
 impl Positions {
@@ -96,6 +98,7 @@ impl Positions {
             headers: at(columns::HEADERS)?,
             attempts: at(columns::ATTEMPTS)?,
             partition_key: at(columns::PARTITION_KEY)?,
+            lane: at(columns::LANE).ok(),
         })
     }
 
@@ -112,6 +115,10 @@ impl Positions {
             headers: row.try_get(self.headers)?,
             attempts: row.try_get(self.attempts)?,
             partition_key: raw_bytes(row, self.partition_key)?,
+            lane: match self.lane {
+                Some(index) => row.try_get(index)?,
+                None => None,
+            },
             malformed,
         })
     }

@@ -18,6 +18,8 @@ pub struct ClaimedRow {
     pub attempts: i32,
     /// The partition key's bytes (per-key ordering groups by them); None when unmapped or NULL.
     pub partition_key: Option<Vec<u8>>,
+    /// The row's lane under per-key ordering (`runtime::lanes`); None for unordered claims.
+    pub lane: Option<i32>,
     /// Set when a column could not be read as the message needs it.
     pub malformed: Option<Malformed>,
 }
@@ -66,6 +68,7 @@ impl ClaimedRow {
             headers: None,
             attempts: 0,
             partition_key: None,
+            lane: None,
             malformed: None,
         }
     }

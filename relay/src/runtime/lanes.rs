@@ -45,7 +45,8 @@ pub struct Balance {
     pub workers: usize,
     pub share: usize,
     pub taken: usize,
-    pub released: usize,
+    /// The lanes given up, for whoever tracks per-lane state.
+    pub released: Vec<i32>,
 }
 
 impl Lanes {
@@ -64,11 +65,11 @@ impl Lanes {
         self.held.iter().copied().collect()
     }
 
-    /// The connection the locks lived on is gone: so are they.
-    pub fn forget(&mut self) {
+    /// The connection the locks lived on is gone: so are they. Returns the lanes lost.
+    pub fn forget(&mut self) -> Vec<i32> {
         self.member = None;
-        self.held.clear();
         self.balanced_at = None;
+        std::mem::take(&mut self.held).into_iter().collect()
     }
 
     /// Balances when [`BALANCE_EVERY`] has passed since the last time (or never ran on this
@@ -136,7 +137,7 @@ impl Lanes {
             ..Balance::default()
         };
         while self.held.len() > share {
-            let Some(lane) = self.held.pop_last() else {
+            let Some(&lane) = self.held.last() else {
                 break;
             };
             sqlx::query("SELECT pg_advisory_unlock($1, $2)")
@@ -144,7 +145,9 @@ impl Lanes {
                 .bind(lane)
                 .execute(&mut *conn)
                 .await?;
-            balance.released += 1;
+            // Held until unlocked: if the unlock fails, forget() still names it as lost.
+            self.held.remove(&lane);
+            balance.released.push(lane);
         }
         if self.held.len() < share {
             let mut free: Vec<i32> = (0..LANES)

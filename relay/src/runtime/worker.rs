@@ -187,12 +187,13 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             None => None,
             Some(lanes) => match lanes.balance_if_due(conn).await {
                 Ok(balance) => {
-                    if let Some(b) = balance.filter(|b| b.taken + b.released > 0) {
+                    if let Some(b) = balance.filter(|b| b.taken + b.released.len() > 0) {
+                        ctx.metrics.blocked_keys.release_lanes(&b.released);
                         info!(
                             workers = b.workers,
                             share = b.share,
                             taken = b.taken,
-                            released = b.released,
+                            released = b.released.len(),
                             held = lanes.held().len(),
                             "lanes rebalanced"
                         );
@@ -201,7 +202,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 }
                 Err(e) => {
                     warn!(error = %e, "cannot balance the lanes; reconnecting to PostgreSQL");
-                    lanes.forget();
+                    ctx.metrics.blocked_keys.release_lanes(&lanes.forget());
                     drop(db.take());
                     pause(&ctx.shutdown, db.next_delay()).await;
                     continue;
@@ -249,7 +250,12 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                         old.close().await;
                     }
                     pause(&ctx.shutdown, broker.next_delay()).await;
-                } else if report.claimed == 0 && (ordered || cursor.idle_after_empty_claim()) {
+                } else if ordered && report.published + report.dead_lettered == 0 {
+                    // Nothing moved: the lanes are empty, or all that is claimable is held
+                    // back behind refused rows. Claiming again at once would only refuse them
+                    // again; wait as an idle worker does.
+                    idle(&ctx, &mut wake, seen_wake).await;
+                } else if report.claimed == 0 && cursor.idle_after_empty_claim() {
                     idle(&ctx, &mut wake, seen_wake).await;
                 }
             }
@@ -257,7 +263,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 warn!(error = %e, "batch rolled back; reconnecting to PostgreSQL");
                 cursor.reset();
                 if let Some(lanes) = lanes.as_mut() {
-                    lanes.forget();
+                    ctx.metrics.blocked_keys.release_lanes(&lanes.forget());
                 }
                 drop(db.take());
                 pause(&ctx.shutdown, db.next_delay()).await;

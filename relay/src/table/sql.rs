@@ -17,6 +17,8 @@ pub mod columns {
     pub const HEADERS: &str = "headers";
     pub const ATTEMPTS: &str = "attempts";
     pub const PARTITION_KEY: &str = "partition_key";
+    /// Only in per-key claims: the row's lane, so a worker knows which keys go with a lane.
+    pub const LANE: &str = "lane";
 }
 
 /// Per-key ordering hashes every partition key into one of this many lanes; a lane is claimed
@@ -128,14 +130,16 @@ impl Statements {
         });
         let claim_where = |bound: &str, lanes_placeholder: usize| {
             use columns::*;
-            let (lanes, order, lock) = if per_key {
+            let (lane_column, lanes, order, lock) = if per_key {
                 (
+                    format!(", {lane_expr} AS {LANE}"),
                     format!(" AND {lane_expr} = ANY(${lanes_placeholder}::int4[])"),
                     format!("t.{occurred}, t.{id}"),
                     "FOR UPDATE OF t",
                 )
             } else {
                 (
+                    String::new(),
                     String::new(),
                     format!("t.{occurred}"),
                     "FOR UPDATE OF t SKIP LOCKED",
@@ -145,7 +149,7 @@ impl Statements {
                 "SELECT t.{id} AS {ID}, {kind_expr} AS {KIND}, {payload_expr} AS {PAYLOAD}, \
                  t.{occurred}::timestamptz AS {OCCURRED_AT}, {routing_expr} AS {ROUTING_KEY}, \
                  {headers_expr} AS {HEADERS}, {attempts_expr} AS {ATTEMPTS}, \
-                 {key_expr} AS {PARTITION_KEY} \
+                 {key_expr} AS {PARTITION_KEY}{lane_column} \
                  FROM {t} AS t WHERE t.{processed} IS NULL{bound}{lanes} \
                  ORDER BY {order} LIMIT $1 {lock}"
             )
