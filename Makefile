@@ -85,9 +85,10 @@ bench-smoke: services release
 chaos: services release
 	$(BIN_DIR)/outbox-chaos $(CHAOS_ARGS)
 
-## chaos-smoke: a seconds-long chaos run.
+## chaos-smoke: a seconds-long chaos run, unordered and with per-key ordering.
 chaos-smoke: services release
 	$(BIN_DIR)/outbox-chaos --smoke
+	$(BIN_DIR)/outbox-chaos --smoke --ordering per-key
 
 ## fuzz: a longer property-based fuzz of the parsers than the unit tests run.
 fuzz:

@@ -112,6 +112,66 @@ async fn seed_loads_in_bulk_and_at_a_steady_rate() {
     );
 }
 
+/// With a partition-key column mapped, seeded rows take turns over `--keys` keys, in bulk and
+/// at a rate alike, so per-key ordering can be tried on them.
+#[tokio::test]
+async fn seed_fills_the_partition_key_over_the_given_keys() {
+    let name = unique("seed_keys");
+    let url = outbox_tests::database_url();
+    let keyed = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "seed",
+            "--database-url",
+            &url,
+            "--table",
+            &name,
+            "--ordering",
+            "per-key",
+            "--partition-key-column",
+            "aggregate_id",
+            "--keys",
+            "7",
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    for extra in [
+        &["--create-table", "--rows", "700"][..],
+        &["--rows", "70", "--rate", "500"][..],
+    ] {
+        let args = keyed(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = process::run_relay_command(&args).await;
+        assert_eq!(code, 0, "{extra:?}: {err}");
+    }
+    let mut conn = db::connect().await;
+    let t = db::table(&name).name.quoted();
+    let per_key: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT aggregate_id, count(*) FROM {t} GROUP BY 1 ORDER BY 1"
+    )))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let expected: Vec<(String, i64)> = (0..7).map(|k| (format!("order-{k}"), 110)).collect();
+    assert_eq!(per_key, expected);
+
+    let (code, _, err) = process::run_relay_command(&[
+        "seed",
+        "--database-url",
+        &url,
+        "--table",
+        &name,
+        "--rows",
+        "1",
+        "--keys",
+        "0",
+    ])
+    .await;
+    assert_eq!(code, 2);
+    assert!(err.contains("invalid --keys: must be at least 1"), "{err}");
+}
+
 #[tokio::test]
 async fn migrate_says_what_it_did() {
     let name = unique("migcli");

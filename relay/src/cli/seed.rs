@@ -19,6 +19,10 @@ pub struct SeedArgs {
     /// Approximate payload size in bytes (the article's payload is about 50).
     #[arg(long, default_value_t = 50, allow_hyphen_values = true)]
     pub payload_bytes: i64,
+    /// Distinct partition keys, taking turns row by row, when the table maps a partition-key
+    /// column (--ordering per-key --partition-key-column COLUMN).
+    #[arg(long, default_value_t = seed::DEFAULT_KEYS as i64, allow_hyphen_values = true)]
+    pub keys: i64,
     /// Insert steadily at this many rows per second instead of one bulk COPY.
     #[arg(long, allow_hyphen_values = true)]
     pub rate: Option<f64>,
@@ -41,6 +45,12 @@ pub async fn command(args: SeedArgs) -> ExitCode {
         return usage_error(ConfigError::new(
             "payload-bytes",
             "must be between 0 and 100000000",
+        ));
+    }
+    if args.keys < 1 {
+        return usage_error(ConfigError::new(
+            "keys",
+            format!("must be at least 1, got {}", args.keys),
         ));
     }
     if let Some(rate) = args.rate
@@ -70,27 +80,24 @@ pub async fn command(args: SeedArgs) -> ExitCode {
         ProgressBar::new(rows)
     };
     bar.set_style(progress_style(PROGRESS));
+    let shape = seed::RowShape {
+        payload_bytes: args.payload_bytes as usize,
+        keys: args.keys as u64,
+    };
     let result = match args.rate {
         None => {
-            seed::copy_rows(
-                &mut conn,
-                &config.table,
-                rows,
-                args.payload_bytes as usize,
-                |n| bar.set_position(n),
-            )
+            seed::copy_rows_shaped(&mut conn, &config.table, rows, shape, |n| {
+                bar.set_position(n);
+            })
             .await
         }
-        Some(rate) => seed::insert_at_rate(
-            &mut conn,
-            &config.table,
-            rate,
-            rows,
-            args.payload_bytes as usize,
-            |n| bar.set_position(n),
-        )
-        .await
-        .map(|_| ()),
+        Some(rate) => {
+            seed::insert_shaped_at_rate(&mut conn, &config.table, rate, rows, shape, |n| {
+                bar.set_position(n);
+            })
+            .await
+            .map(|_| ())
+        }
     };
     bar.finish();
     match result {

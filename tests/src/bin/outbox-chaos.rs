@@ -4,6 +4,9 @@
 //! PostgreSQL backend terminations and network stalls hit them at seeded random points. A
 //! consumer in a separate process records every message id. The report says what was lost
 //! (must be nothing), duplicated (within the protocol's bound) and left pending (nothing).
+//! With `--ordering per-key` the rows take turns over `--keys` partition keys, the relays run
+//! with per-key ordering, and the report adds the keys whose first deliveries came out of
+//! order (must be none).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,11 +14,14 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use outbox_relay::broker::routing::ExchangeType;
+use outbox_relay::table::ident::Ident;
 use outbox_relay::table::migrate::{MigrationOptions, migrate};
 use outbox_relay::tools::consume::{Topology, declare};
+use outbox_relay::tools::seed::{RowShape, copy_rows_shaped, create_table};
 use outbox_tests::chaos::consumer;
 use outbox_tests::chaos::faults::{self, FaultKind};
-use outbox_tests::chaos::report::{ChaosReport, FaultRecord};
+use outbox_tests::chaos::report::{ChaosReport, FaultRecord, OrderingReport};
+use outbox_tests::ordering::{check, expected_order};
 use outbox_tests::{db, process, proxy, unique, wait};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -56,6 +62,13 @@ struct Cli {
     /// A seconds-long run: 20,000 rows, two relays, one fault of each kind.
     #[arg(long)]
     smoke: bool,
+    /// `per-key`: rows over `--keys` partition keys, relayed with `--ordering per-key`, and the
+    /// order of every key's first deliveries checked.
+    #[arg(long, default_value = "unordered", value_parser = ["unordered", "per-key"])]
+    ordering: String,
+    /// Partition keys under `--ordering per-key`.
+    #[arg(long, default_value_t = 1000)]
+    keys: u64,
 }
 
 #[derive(Subcommand)]
@@ -71,6 +84,9 @@ enum Mode {
     },
 }
 
+/// The partition-key column of a per-key run.
+const KEY_COLUMN: &str = "aggregate_id";
+
 struct Run {
     name: String,
     rows: u64,
@@ -83,6 +99,8 @@ struct Run {
     /// How many times each relay has been started (its log is appended to across restarts).
     spawns: Vec<usize>,
     started: Instant,
+    /// Under per-key ordering: the relays' extra arguments.
+    ordering_args: Vec<String>,
 }
 
 impl Run {
@@ -127,6 +145,7 @@ impl Run {
                 "--report-interval",
                 "2s",
             ])
+            .args(&self.ordering_args)
             .env("DATABASE_URL", &self.db_url)
             .env("AMQP_URL", outbox_tests::amqp_url())
             .stdin(std::process::Stdio::null())
@@ -276,17 +295,25 @@ async fn inject(
     })
 }
 
-/// Reads the consumer's file: distinct ids and how many arrived more than once.
-fn read_ids(path: &Path) -> anyhow::Result<(std::collections::HashSet<uuid::Uuid>, u64)> {
+/// Reads the consumer's file: every id in arrival order.
+fn read_arrivals(path: &Path) -> anyhow::Result<Vec<uuid::Uuid>> {
     let text = std::fs::read_to_string(path)?;
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|line| Ok(uuid::Uuid::parse_str(line)?))
+        .collect()
+}
+
+/// Distinct ids and how many arrived more than once.
+fn distinct(arrivals: &[uuid::Uuid]) -> (std::collections::HashSet<uuid::Uuid>, u64) {
     let mut ids = std::collections::HashSet::new();
     let mut duplicates = 0;
-    for line in text.lines().filter(|l| !l.is_empty()) {
-        if !ids.insert(uuid::Uuid::parse_str(line)?) {
+    for id in arrivals {
+        if !ids.insert(*id) {
             duplicates += 1;
         }
     }
-    Ok((ids, duplicates))
+    (ids, duplicates)
 }
 
 async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
@@ -316,9 +343,35 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
     let name = unique("chaos");
     let dir = process::target_dir().join("chaos");
     std::fs::create_dir_all(&dir)?;
-    let table = db::table(&name);
-    let mut admin = db::seeded_table(&table, rows).await;
+    let mut table = db::table(&name);
+    let per_key = cli.ordering == "per-key";
+    let keys = cli.keys.max(1);
+    let ordering_args: Vec<String> = if per_key {
+        table.columns.partition_key = Some(Ident::new(KEY_COLUMN)?);
+        [
+            "--ordering",
+            "per-key",
+            "--partition-key-column",
+            KEY_COLUMN,
+        ]
+        .map(String::from)
+        .to_vec()
+    } else {
+        Vec::new()
+    };
+    let mut admin = db::connect().await;
+    create_table(&mut admin, &table).await?;
+    let shape = RowShape {
+        payload_bytes: 50,
+        keys,
+    };
+    copy_rows_shaped(&mut admin, &table, rows, shape, |_| {}).await?;
     migrate(&mut admin, &table, &MigrationOptions::default()).await?;
+    // Read before the run: in delete mode the rows would be gone, and it costs the run nothing.
+    let expected = match per_key {
+        true => Some(expected_order(&mut admin, &table, KEY_COLUMN).await),
+        false => None,
+    };
 
     let amqp = outbox_tests::amqp_url();
     let queue = format!("{name}.ids");
@@ -368,6 +421,7 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         relays: Vec::new(),
         spawns: vec![0; relays],
         started: Instant::now(),
+        ordering_args,
     };
 
     let mut consumer = Command::new(std::env::current_exe()?)
@@ -470,7 +524,11 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
     signal(&consumer, libc::SIGTERM);
     let _ = consumer.wait().await;
 
-    let (ids, duplicates) = read_ids(&run.ids_file())?;
+    let arrivals = read_arrivals(&run.ids_file())?;
+    let (ids, duplicates) = distinct(&arrivals);
+    let keys_out_of_order = expected
+        .as_ref()
+        .map(|expected| check(&arrivals, expected).keys_out_of_order);
     let table_ids = db::all_ids(&mut admin, &table).await;
     let lost = table_ids.iter().filter(|id| !ids.contains(id)).count() as u64;
     let pending = db::pending(&mut admin, &table).await;
@@ -509,6 +567,10 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         duplicates,
         duplicate_bound: bound_workers * batch_size as u64,
         rows_pending: pending,
+        ordering: per_key.then_some(OrderingReport {
+            keys,
+            keys_out_of_order: keys_out_of_order.unwrap_or_default(),
+        }),
         relay_exit_codes: exit_codes,
         secrets_in_logs: secrets,
         elapsed_seconds: run.seconds(),

@@ -28,15 +28,29 @@ pub struct ChaosReport {
     /// What the protocol promises: at most one batch per worker hit by a fault.
     pub duplicate_bound: u64,
     pub rows_pending: i64,
+    /// Under per-key ordering: what the order check found.
+    pub ordering: Option<OrderingReport>,
     pub relay_exit_codes: Vec<Option<i32>>,
     pub secrets_in_logs: usize,
     pub elapsed_seconds: f64,
+}
+
+/// The order check of a per-key run.
+#[derive(Debug, Clone, Serialize)]
+pub struct OrderingReport {
+    pub keys: u64,
+    /// Keys whose first deliveries did not come in their claim order: must be none.
+    pub keys_out_of_order: Vec<String>,
 }
 
 impl ChaosReport {
     pub fn passed(&self) -> bool {
         self.ids_lost == 0
             && self.rows_pending == 0
+            && self
+                .ordering
+                .as_ref()
+                .is_none_or(|o| o.keys_out_of_order.is_empty())
             && self.duplicates <= self.duplicate_bound
             && self.secrets_in_logs == 0
             && self.relay_exit_codes.iter().all(|c| *c == Some(0))
@@ -78,6 +92,30 @@ impl ChaosReport {
                 ),
             ),
             ("rows left pending", self.rows_pending.to_string()),
+            (
+                "ordering",
+                match &self.ordering {
+                    None => "unordered".into(),
+                    Some(o) => format!("per key, {} keys", o.keys),
+                },
+            ),
+            (
+                "keys out of order",
+                match &self.ordering {
+                    None => "— (unordered run)".into(),
+                    Some(o) if o.keys_out_of_order.is_empty() => "0".into(),
+                    Some(o) => format!(
+                        "{} ({})",
+                        o.keys_out_of_order.len(),
+                        o.keys_out_of_order
+                            .iter()
+                            .take(10)
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                },
+            ),
             (
                 "relay exit codes on SIGTERM",
                 format!("{:?}", self.relay_exit_codes),
