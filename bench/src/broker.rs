@@ -56,6 +56,16 @@ impl Destination {
         Ok(Self { exchange, queue })
     }
 
+    /// The AMQP 1.0 address of the destination on RabbitMQ's plugin: the queue when a
+    /// consumer drains one, else the exchange (a fanout nobody is bound to, so the broker
+    /// drops every message, as in the article).
+    pub fn amqp10_address(&self) -> String {
+        match &self.queue {
+            Some(queue) => format!("/amq/queue/{queue}"),
+            None => format!("/exchange/{}", self.exchange),
+        }
+    }
+
     /// Deletes the queue (with whatever is left in it) and the exchange.
     pub async fn delete(&self, amqp_url: &str) -> anyhow::Result<()> {
         let (connection, channel) = channel(amqp_url).await?;

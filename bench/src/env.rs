@@ -6,6 +6,8 @@ use std::path::PathBuf;
 pub struct Env {
     pub database_url: String,
     pub amqp_url: String,
+    /// The same broker's AMQP 1.0 endpoint, for the AMQP 1.0 contenders.
+    pub amqp10_url: String,
     /// The real relay binary, run as a separate process like in production.
     pub relay_bin: PathBuf,
     /// target/bench: JSON, plot and process logs.

@@ -2,7 +2,7 @@
 //! server (generate_series, no client round trips), migrated with the relay's own migration,
 //! vacuumed so every measurement starts from the same clean state, and dropped afterwards.
 
-use outbox_relay::table::ident::TableName;
+use outbox_relay::table::ident::{Ident, TableName};
 use outbox_relay::table::migrate::{MigrationOptions, migrate};
 use outbox_relay::table::{DeliveryMode, OutboxTable};
 use outbox_relay::tools::seed::ARTICLE_TYPE;
@@ -14,15 +14,22 @@ use crate::workload::Workload;
 /// transaction does not hold gigabytes of WAL.
 const SEED_CHUNK: u64 = 250_000;
 
+/// The partition-key column of a keyed fixture (see [`Fixture::create`]).
+pub const KEY_COLUMN: &str = "aggregate_id";
+
 pub struct Fixture {
     pub table: OutboxTable,
     pub workload: Workload,
     pub database_url: String,
+    /// How many distinct partition keys the rows have, in [`KEY_COLUMN`]; None: no such column.
+    pub keys: Option<u64>,
 }
 
 impl Fixture {
     /// Creates, seeds and migrates a fresh table. `migration` chooses the NOTIFY trigger and
-    /// whether the queue-friendly autovacuum settings are applied.
+    /// whether the queue-friendly autovacuum settings are applied. With `keys`, the rows also
+    /// get a partition key in [`KEY_COLUMN`], `keys` distinct values taking turns row by row
+    /// (one aggregate's events interleaved with the others', as a busy service writes them).
     pub async fn create(
         database_url: &str,
         name: &str,
@@ -30,13 +37,18 @@ impl Fixture {
         rows: u64,
         mode: DeliveryMode,
         migration: &MigrationOptions,
+        keys: Option<u64>,
     ) -> anyhow::Result<Self> {
         let mut table = OutboxTable::new(TableName::parse(name)?);
         table.mode = mode;
+        if keys.is_some() {
+            table.columns.partition_key = Some(Ident::new(KEY_COLUMN)?);
+        }
         let fixture = Self {
             table,
             workload,
             database_url: database_url.to_string(),
+            keys,
         };
         let mut conn = fixture.connect().await?;
         let t = fixture.table.name.quoted();
@@ -48,7 +60,11 @@ impl Fixture {
         sqlx::raw_sql(AssertSqlSafe(format!(
             "CREATE TABLE {t} (id uuid NOT NULL, type varchar(255) NOT NULL, content jsonb, \
              occurred_on_utc timestamptz NOT NULL DEFAULT now(), processed_on_utc timestamptz NULL, \
-             error text NULL)"
+             error text NULL{key})",
+            key = match keys {
+                Some(_) => format!(", {KEY_COLUMN} text NULL"),
+                None => String::new(),
+            }
         )))
         .execute(&mut conn)
         .await?;
@@ -73,9 +89,16 @@ impl Fixture {
 
     /// Inserts `rows` more pending rows with increasing, distinct claim timestamps.
     pub async fn insert(&self, conn: &mut PgConnection, rows: u64) -> anyhow::Result<()> {
+        let (key_column, key_value) = match self.keys {
+            Some(keys) => (
+                format!(", {KEY_COLUMN}"),
+                format!(", 'order-' || (g % {keys})"),
+            ),
+            None => (String::new(), String::new()),
+        };
         let sql = format!(
-            "INSERT INTO {} (id, type, content, occurred_on_utc) \
-             SELECT u, $1, {}, clock_timestamp() + g * interval '1 microsecond' \
+            "INSERT INTO {} (id, type, content, occurred_on_utc{key_column}) \
+             SELECT u, $1, {}, clock_timestamp() + g * interval '1 microsecond'{key_value} \
              FROM (SELECT gen_random_uuid() AS u, g FROM generate_series($2::bigint, $3::bigint) AS g) AS s",
             self.table.name.quoted(),
             self.workload.content_sql()

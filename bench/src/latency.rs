@@ -12,6 +12,7 @@ use futures::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
+use outbox_relay::broker::BrokerProtocol;
 use outbox_relay::table::DeliveryMode;
 use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::tools::seed::ARTICLE_TYPE;
@@ -24,7 +25,7 @@ use crate::env::Env;
 use crate::fixture::Fixture;
 use crate::names::{RunNames, next_run};
 use crate::procstat::{CpuSeconds, CpuSnapshot, peak_rss_mib};
-use crate::relay_process::RelayProcess;
+use crate::relay_process::{RelayProcess, broker_args};
 use crate::scrape::{self, StageTime};
 use crate::stats::percentile;
 use crate::workload::Workload;
@@ -142,6 +143,7 @@ pub async fn run(
             notify: true,
             ..Default::default()
         },
+        None,
     )
     .await?;
     let what = format!("latency.{}", next_run());
@@ -174,7 +176,8 @@ async fn measure(
         ready_tx,
     ));
     ready_rx.await.context("the consumer did not start")?;
-    let relay = RelayProcess::start(env, fixture, &destination.exchange, &[], "latency").await?;
+    let broker = broker_args(env, destination, BrokerProtocol::Amqp091);
+    let relay = RelayProcess::start(env, fixture, &broker, &[], "latency").await?;
     // Let the workers connect and go idle, so the first rows meet a waiting relay.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let cpu_before = CpuSnapshot::take(relay.pid());

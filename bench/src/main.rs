@@ -86,6 +86,22 @@ struct Args {
     /// the sweep.
     #[arg(long, value_delimiter = ',')]
     sweep: Vec<String>,
+    /// Key counts of the per-key ordered contenders (`--ordering per-key` on a table whose
+    /// rows take turns over that many partition keys); "0" skips them.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10")]
+    per_key: Vec<u64>,
+    /// Connection counts tried for the AMQP 1.0 ceiling (RabbitMQ's AMQP 1.0 plugin, at
+    /// --amqp10-url); with any, the relay at its defaults is measured over AMQP 1.0 too. "0"
+    /// skips both.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    amqp10_connections: Vec<usize>,
+    /// The broker's AMQP 1.0 endpoint.
+    #[arg(
+        long,
+        env = "AMQP10_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672"
+    )]
+    amqp10_url: String,
     /// Connection counts tried for the ceiling.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     connections: Vec<usize>,
@@ -181,6 +197,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let env = Env {
         database_url: args.database_url.clone(),
         amqp_url: args.amqp_url.clone(),
+        amqp10_url: args.amqp10_url.clone(),
         relay_bin: args
             .relay_bin
             .clone()
@@ -231,6 +248,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
 
     if do_throughput {
+        let per_key: Vec<u64> = args.per_key.iter().copied().filter(|&k| k > 0).collect();
+        let amqp10_connections: Vec<usize> = args
+            .amqp10_connections
+            .iter()
+            .copied()
+            .filter(|&c| c > 0)
+            .collect();
         let options = if smoke {
             ThroughputOptions {
                 workloads: workloads.clone(),
@@ -240,6 +264,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 connections: vec![1, 2],
                 sweep: vec![RelaySettings::with(4, 1000, Some(0))],
                 drain: true,
+                per_key: per_key.clone(),
+                amqp10_connections: amqp10_connections.iter().take(1).copied().collect(),
             }
         } else {
             ThroughputOptions {
@@ -250,6 +276,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 connections: args.connections.clone(),
                 sweep: sweep_from(&args.sweep)?,
                 drain: false,
+                per_key: per_key.clone(),
+                amqp10_connections: amqp10_connections.clone(),
             }
         };
         for &workload in &options.workloads {

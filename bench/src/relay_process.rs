@@ -7,9 +7,27 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 
+use outbox_relay::broker::BrokerProtocol;
+
+use crate::broker::Destination;
 use crate::env::Env;
 use crate::fixture::Fixture;
 use crate::scrape;
+
+/// The `run` arguments that point the relay at `destination` over `protocol`.
+pub fn broker_args(env: &Env, destination: &Destination, protocol: BrokerProtocol) -> Vec<String> {
+    match protocol {
+        BrokerProtocol::Amqp091 => vec!["--exchange".into(), destination.exchange.clone()],
+        BrokerProtocol::Amqp10 => vec![
+            "--broker-protocol".into(),
+            "amqp10".into(),
+            "--broker-url".into(),
+            env.amqp10_url.clone(),
+            "--address".into(),
+            destination.amqp10_address(),
+        ],
+    }
+}
 
 pub struct RelayProcess {
     child: Child,
@@ -25,11 +43,11 @@ fn free_port() -> anyhow::Result<u16> {
 
 impl RelayProcess {
     /// Starts `outbox-relay run` with `extra` settings on top of its defaults and waits until
-    /// its metrics endpoint answers.
+    /// its metrics endpoint answers. `broker` says where it publishes (see [`broker_args`]).
     pub async fn start(
         env: &Env,
         fixture: &Fixture,
-        exchange: &str,
+        broker: &[String],
         extra: &[String],
         label: &str,
     ) -> anyhow::Result<Self> {
@@ -38,7 +56,8 @@ impl RelayProcess {
         let port = free_port()?;
         let child = Command::new(&env.relay_bin)
             .arg("run")
-            .args(["--table", &fixture.name(), "--exchange", exchange])
+            .args(["--table", &fixture.name()])
+            .args(broker)
             .args(["--mode", fixture.table.mode.as_str()])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .args(extra)

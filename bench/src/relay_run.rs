@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use outbox_relay::broker::BrokerProtocol;
 
 use crate::broker::Destination;
 use crate::consumer_process::ConsumerProcess;
@@ -14,7 +15,7 @@ use crate::fixture::Fixture;
 use crate::measure::{Measurement, sample};
 use crate::names::{RunNames, next_run};
 use crate::procstat::peak_rss_mib;
-use crate::relay_process::RelayProcess;
+use crate::relay_process::{RelayProcess, broker_args};
 use crate::scrape;
 
 /// How a relay run ends.
@@ -32,6 +33,7 @@ pub async fn measure_relay(
     fixture: &Fixture,
     label: &str,
     args: &[String],
+    protocol: BrokerProtocol,
     until: Until,
 ) -> anyhow::Result<Measurement> {
     let pending_before = fixture.pending().await? as u64;
@@ -50,10 +52,11 @@ pub async fn measure_relay(
         }
         None => None,
     };
+    let broker = broker_args(env, &destination, protocol);
     let result = run_and_check(
         env,
         fixture,
-        &destination,
+        &broker,
         label,
         args,
         until,
@@ -69,14 +72,14 @@ pub async fn measure_relay(
 async fn run_and_check(
     env: &Env,
     fixture: &Fixture,
-    destination: &Destination,
+    broker: &[String],
     label: &str,
     args: &[String],
     until: Until,
     pending_before: u64,
     consumer: Option<ConsumerProcess>,
 ) -> anyhow::Result<Measurement> {
-    let relay = RelayProcess::start(env, fixture, &destination.exchange, args, label).await?;
+    let relay = RelayProcess::start(env, fixture, broker, args, label).await?;
     let window = match until {
         Until::Window(window) => window,
         Until::Drained { timeout } => timeout,

@@ -96,6 +96,15 @@ impl Report {
                 contender_row(&mut out, name, &w.relay_defaults);
                 contender_row(&mut out, name, &w.relay_best);
                 contender_row(&mut out, name, &w.naive);
+                for per_key in &w.per_key {
+                    contender_row(&mut out, name, &per_key.contender);
+                }
+                if let Some(amqp10) = &w.amqp10 {
+                    for ceiling in &amqp10.ceiling_by_connections {
+                        contender_row(&mut out, name, ceiling);
+                    }
+                    contender_row(&mut out, name, &amqp10.relay);
+                }
             }
             let _ = writeln!(
                 out,
@@ -120,6 +129,63 @@ impl Report {
                     w.relay_over_naive,
                     w.best_over_naive
                 );
+            }
+            if self.throughput.iter().any(|w| !w.per_key.is_empty()) {
+                let _ = writeln!(
+                    out,
+                    "\nPer-key ordering (`--ordering per-key`, relay defaults otherwise; runs alternate with the unordered defaults):\n"
+                );
+                let _ = writeln!(
+                    out,
+                    "| workload | keys | median msg/s | over unordered | claim ms (mean) | confirm ms (mean) |"
+                );
+                let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+                for w in &self.throughput {
+                    for per_key in &w.per_key {
+                        let stage = |name: &str| {
+                            per_key
+                                .contender
+                                .median_run
+                                .stages
+                                .get(name)
+                                .map_or("–".into(), |t| format!("{:.2}", t.mean_ms))
+                        };
+                        let _ = writeln!(
+                            out,
+                            "| {} | {} | {:.0} | {:.2} | {} | {} |",
+                            w.workload_name(),
+                            per_key.keys,
+                            per_key.contender.rate.median,
+                            per_key.over_unordered,
+                            stage("claim"),
+                            stage("confirm")
+                        );
+                    }
+                }
+            }
+            if self.throughput.iter().any(|w| w.amqp10.is_some()) {
+                let _ = writeln!(
+                    out,
+                    "\nAMQP 1.0 (RabbitMQ's AMQP 1.0 plugin on the same broker; the ceiling is the relay's own AMQP 1.0 publisher fed from memory):\n"
+                );
+                let _ = writeln!(
+                    out,
+                    "| workload | ceiling msg/s (best) | relay msg/s | relay/ceiling | relay µs/msg |"
+                );
+                let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+                for w in &self.throughput {
+                    let Some(a) = &w.amqp10 else { continue };
+                    let _ = writeln!(
+                        out,
+                        "| {} | {:.0} ({}) | {:.0} | {:.2} | {:.2} |",
+                        w.workload_name(),
+                        a.ceiling.rate.median,
+                        a.ceiling.label,
+                        a.relay.rate.median,
+                        a.relay_over_ceiling,
+                        a.relay.median_run.cpu_us_per_message.subject
+                    );
+                }
             }
             let _ = writeln!(
                 out,

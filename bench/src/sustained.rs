@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use outbox_relay::broker::BrokerProtocol;
 use outbox_relay::table::DeliveryMode;
 use outbox_relay::table::migrate::MigrationOptions;
 use serde::Serialize;
@@ -112,6 +113,7 @@ pub async fn run(
                 skip_autovacuum: !autovacuum,
                 ..Default::default()
             },
+            None,
         )
         .await?;
         let outcome = async {
@@ -126,6 +128,7 @@ pub async fn run(
                 &fixture,
                 &format!("sustained-{}", mode.as_str()),
                 &[],
+                BrokerProtocol::Amqp091,
                 Until::Window(options.duration),
             )
             .await?;

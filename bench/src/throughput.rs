@@ -5,15 +5,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_relay::broker::BrokerProtocol;
 use outbox_relay::table::DeliveryMode;
 use outbox_relay::table::migrate::MigrationOptions;
 use serde::Serialize;
 
 use crate::broker::Destination;
-use crate::ceiling;
+use crate::ceiling::{self, Route};
 use crate::consumer_process::ConsumerProcess;
 use crate::env::Env;
-use crate::fixture::{Fixture, sample_payloads};
+use crate::fixture::{Fixture, KEY_COLUMN, sample_payloads};
 use crate::measure::Measurement;
 use crate::naive;
 use crate::names::{RunNames, next_run};
@@ -26,6 +27,8 @@ use crate::workload::Workload;
 pub struct RelaySettings {
     pub label: String,
     pub args: Vec<String>,
+    #[serde(skip)]
+    pub protocol: BrokerProtocol,
 }
 
 impl RelaySettings {
@@ -33,6 +36,16 @@ impl RelaySettings {
         Self {
             label: "defaults".into(),
             args: Vec::new(),
+            protocol: BrokerProtocol::Amqp091,
+        }
+    }
+
+    /// The defaults, publishing over AMQP 1.0 to the same broker.
+    pub fn amqp10_defaults() -> Self {
+        Self {
+            label: "amqp10-defaults".into(),
+            args: Vec::new(),
+            protocol: BrokerProtocol::Amqp10,
         }
     }
 
@@ -50,7 +63,11 @@ impl RelaySettings {
             label.push_str(&format!("-i{slots}"));
             args.extend(["--inflight-batches".into(), slots.to_string()]);
         }
-        Self { label, args }
+        Self {
+            label,
+            args,
+            protocol: BrokerProtocol::Amqp091,
+        }
     }
 }
 
@@ -64,6 +81,12 @@ pub struct ThroughputOptions {
     pub sweep: Vec<RelaySettings>,
     /// Drain the table in every relay run and check every row arrived (smoke).
     pub drain: bool,
+    /// Key counts of the per-key ordered contenders (`--ordering per-key`), each measured in
+    /// every round beside the unordered defaults.
+    pub per_key: Vec<u64>,
+    /// Connection counts of the AMQP 1.0 ceiling; empty: no AMQP 1.0 contenders. With some,
+    /// every round also runs the relay at its defaults over AMQP 1.0 to the same broker.
+    pub amqp10_connections: Vec<usize>,
 }
 
 /// Several runs of one contender.
@@ -108,10 +131,47 @@ pub struct WorkloadResult {
     pub sweep: Vec<(String, f64)>,
     pub relay_best: Contender,
     pub naive: Contender,
+    /// The relay at its defaults with per-key ordering, one entry per key count.
+    pub per_key: Vec<PerKeyResult>,
+    /// The AMQP 1.0 ceiling and relay on the same broker, when measured.
+    pub amqp10: Option<Amqp10Result>,
     pub relay_over_ceiling: f64,
     pub best_over_ceiling: f64,
     pub relay_over_naive: f64,
     pub best_over_naive: f64,
+}
+
+/// A per-key ordered contender beside the unordered defaults of the same rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct PerKeyResult {
+    pub keys: u64,
+    pub contender: Contender,
+    /// Median per-key rate over the median unordered rate at the defaults.
+    pub over_unordered: f64,
+}
+
+/// AMQP 1.0 (RabbitMQ's plugin on the same broker): its ceiling and the relay at its defaults,
+/// in the same rounds as the AMQP 0-9-1 contenders.
+#[derive(Debug, Clone, Serialize)]
+pub struct Amqp10Result {
+    pub ceiling_by_connections: Vec<Contender>,
+    pub ceiling: Contender,
+    pub relay: Contender,
+    pub relay_over_ceiling: f64,
+}
+
+/// The arguments that turn per-key ordering on for a keyed fixture.
+fn per_key_settings(keys: u64) -> RelaySettings {
+    RelaySettings {
+        label: format!("per-key-{keys}"),
+        args: vec![
+            "--ordering".into(),
+            "per-key".into(),
+            "--partition-key-column".into(),
+            KEY_COLUMN.into(),
+        ],
+        protocol: BrokerProtocol::Amqp091,
+    }
 }
 
 /// The measured table for relay runs; reseeded when too little is left pending so that every
@@ -123,6 +183,8 @@ struct Table {
     rows: u64,
     database_url: String,
     reseed_below: u64,
+    /// Partition keys of a keyed table (see [`Fixture::create`]).
+    keys: Option<u64>,
 }
 
 impl Table {
@@ -144,6 +206,7 @@ impl Table {
                     self.rows,
                     DeliveryMode::Mark,
                     &MigrationOptions::default(),
+                    self.keys,
                 )
                 .await?,
             );
@@ -172,7 +235,16 @@ async fn relay_runs(
     let mut measured = Vec::new();
     for run in 0..runs {
         let fixture = table.ready().await?;
-        let m = measure_relay(env, names, fixture, &settings.label, &settings.args, until).await?;
+        let m = measure_relay(
+            env,
+            names,
+            fixture,
+            &settings.label,
+            &settings.args,
+            settings.protocol,
+            until,
+        )
+        .await?;
         eprintln!(
             "  relay {} run {}: {:.0} msg/s, relay CPU {:.1} s, peak RSS {:.1} MiB",
             settings.label,
@@ -186,16 +258,23 @@ async fn relay_runs(
     Ok(measured)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn ceiling_run(
     env: &Env,
     names: &RunNames,
     workload: Workload,
     payloads: Arc<Vec<Vec<u8>>>,
+    protocol: BrokerProtocol,
     connections: usize,
     round: usize,
     options: &ThroughputOptions,
 ) -> anyhow::Result<Measurement> {
-    let what = format!("{}.ceiling{connections}.{}", workload.name(), next_run());
+    let what = format!(
+        "{}.ceiling-{}-{connections}.{}",
+        workload.name(),
+        protocol.as_str(),
+        next_run()
+    );
     let destination = Destination::declare(
         &env.amqp_url,
         names.exchange(&what),
@@ -206,24 +285,64 @@ async fn ceiling_run(
         Some(_) => Some(ConsumerProcess::start(env, &destination, None).await?),
         None => None,
     };
-    let result = ceiling::run(
-        &env.amqp_url,
-        &destination.exchange,
-        payloads,
-        connections,
-        options.window,
-    )
-    .await;
+    let route = match protocol {
+        BrokerProtocol::Amqp091 => Route::Exchange {
+            amqp_url: env.amqp_url.clone(),
+            exchange: destination.exchange.clone(),
+        },
+        BrokerProtocol::Amqp10 => Route::Address {
+            url: env.amqp10_url.clone(),
+            address: destination.amqp10_address(),
+        },
+    };
+    let result = ceiling::run(&route, payloads, connections, options.window).await;
     if let Some(consumer) = consumer {
         consumer.kill().await;
     }
     destination.delete(&env.amqp_url).await?;
     let m = result?;
     eprintln!(
-        "  ceiling {connections} connection(s) run {round}: {:.0} msg/s",
+        "  ceiling {} {connections} connection(s) run {round}: {:.0} msg/s",
+        protocol.as_str(),
         m.rate
     );
     Ok(m)
+}
+
+/// One round of ceiling runs: every connection count once, each run added to its list.
+struct CeilingRound<'a> {
+    env: &'a Env,
+    names: &'a RunNames,
+    workload: Workload,
+    payloads: &'a Arc<Vec<Vec<u8>>>,
+    options: &'a ThroughputOptions,
+}
+
+impl CeilingRound<'_> {
+    async fn run(
+        &self,
+        protocol: BrokerProtocol,
+        connections: &[usize],
+        runs: &mut [Vec<Measurement>],
+        round: usize,
+    ) -> anyhow::Result<()> {
+        for (runs, &connections) in runs.iter_mut().zip(connections) {
+            runs.push(
+                ceiling_run(
+                    self.env,
+                    self.names,
+                    self.workload,
+                    self.payloads.clone(),
+                    protocol,
+                    connections,
+                    round,
+                    self.options,
+                )
+                .await?,
+            );
+        }
+        Ok(())
+    }
 }
 
 async fn naive_runs(
@@ -277,14 +396,29 @@ pub async fn run_workload(
     let payloads = Arc::new(sample_payloads(&env.database_url, workload, 1000).await?);
     let payload_bytes = payloads.iter().map(Vec::len).sum::<usize>() / payloads.len().max(1);
 
+    let reseed_below = if options.drain { rows } else { rows / 2 };
     let mut table = Table {
         fixture: None,
         name: names.table(workload.name()),
         workload,
         rows,
         database_url: env.database_url.clone(),
-        reseed_below: if options.drain { rows } else { rows / 2 },
+        reseed_below,
+        keys: None,
     };
+    let mut keyed_tables: Vec<Table> = options
+        .per_key
+        .iter()
+        .map(|&keys| Table {
+            fixture: None,
+            name: names.table(&format!("{}_keys{keys}", workload.name())),
+            workload,
+            rows,
+            database_url: env.database_url.clone(),
+            reseed_below,
+            keys: Some(keys),
+        })
+        .collect();
     let until = if options.drain {
         Until::Drained {
             timeout: Duration::from_secs(120),
@@ -299,16 +433,60 @@ pub async fn run_workload(
         let defaults = RelaySettings::defaults();
         let mut ceiling_runs = vec![Vec::new(); options.connections.len()];
         let mut default_runs = Vec::new();
+        let mut per_key_runs = vec![Vec::new(); options.per_key.len()];
+        let mut amqp10_ceiling_runs = vec![Vec::new(); options.amqp10_connections.len()];
+        let mut amqp10_relay_runs = Vec::new();
+        let amqp10_defaults = RelaySettings::amqp10_defaults();
+        let ceiling = CeilingRound {
+            env,
+            names,
+            workload,
+            payloads: &payloads,
+            options,
+        };
         for round in 1..=options.runs {
-            for (runs, &connections) in ceiling_runs.iter_mut().zip(&options.connections) {
-                let payloads = payloads.clone();
-                runs.push(
-                    ceiling_run(env, names, workload, payloads, connections, round, options)
-                        .await?,
-                );
-            }
+            let protocol = BrokerProtocol::Amqp091;
+            ceiling
+                .run(protocol, &options.connections, &mut ceiling_runs, round)
+                .await?;
             default_runs.extend(relay_runs(env, names, &mut table, &defaults, 1, until).await?);
+            for ((runs, keyed), &keys) in per_key_runs
+                .iter_mut()
+                .zip(keyed_tables.iter_mut())
+                .zip(&options.per_key)
+            {
+                let settings = per_key_settings(keys);
+                runs.extend(relay_runs(env, names, keyed, &settings, 1, until).await?);
+            }
+            let protocol = BrokerProtocol::Amqp10;
+            let connections = &options.amqp10_connections;
+            ceiling
+                .run(protocol, connections, &mut amqp10_ceiling_runs, round)
+                .await?;
+            if !options.amqp10_connections.is_empty() {
+                amqp10_relay_runs
+                    .extend(relay_runs(env, names, &mut table, &amqp10_defaults, 1, until).await?);
+            }
         }
+        let amqp10 = (!options.amqp10_connections.is_empty()).then(|| {
+            let ceiling_by_connections: Vec<Contender> = amqp10_ceiling_runs
+                .into_iter()
+                .zip(&options.amqp10_connections)
+                .map(|(runs, connections)| {
+                    Contender::of(format!("amqp10 ceiling, {connections} conn"), runs)
+                })
+                .collect();
+            let relay = Contender::of("amqp10 relay, defaults".into(), amqp10_relay_runs);
+            (ceiling_by_connections, relay)
+        });
+        let per_key: Vec<(u64, Contender)> = per_key_runs
+            .into_iter()
+            .zip(&options.per_key)
+            .map(|(runs, &keys)| {
+                let label = format!("relay, per-key, {keys} keys");
+                (keys, Contender::of(label, runs))
+            })
+            .collect();
         let ceiling_by_connections: Vec<Contender> = ceiling_runs
             .into_iter()
             .zip(&options.connections)
@@ -346,18 +524,37 @@ pub async fn run_workload(
             sweep,
             relay_best,
             naive,
+            per_key,
+            amqp10,
         ))
     }
     .await;
     table.drop_table().await?;
-    let (ceiling_by_connections, relay_defaults, sweep, relay_best, naive) = outcome?;
-    let ceiling = ceiling_by_connections
-        .iter()
-        .max_by(|a, b| a.rate.median.total_cmp(&b.rate.median))
-        .cloned()
-        .expect("at least one connection count");
+    for keyed in &mut keyed_tables {
+        keyed.drop_table().await?;
+    }
+    let (ceiling_by_connections, relay_defaults, sweep, relay_best, naive, per_key, amqp10) =
+        outcome?;
+    let ceiling = best_of(&ceiling_by_connections);
 
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let amqp10 = amqp10.map(|(ceiling_by_connections, relay)| {
+        let ceiling = best_of(&ceiling_by_connections);
+        Amqp10Result {
+            relay_over_ceiling: ratio(relay.rate.median, ceiling.rate.median),
+            ceiling_by_connections,
+            ceiling,
+            relay,
+        }
+    });
+    let per_key = per_key
+        .into_iter()
+        .map(|(keys, contender)| PerKeyResult {
+            keys,
+            over_unordered: ratio(contender.rate.median, relay_defaults.rate.median),
+            contender,
+        })
+        .collect();
     Ok(WorkloadResult {
         workload,
         rows,
@@ -372,5 +569,16 @@ pub async fn run_workload(
         sweep,
         relay_best,
         naive,
+        per_key,
+        amqp10,
     })
+}
+
+/// The contender with the highest median: the ceiling over the connection counts tried.
+fn best_of(contenders: &[Contender]) -> Contender {
+    contenders
+        .iter()
+        .max_by(|a, b| a.rate.median.total_cmp(&b.rate.median))
+        .cloned()
+        .expect("at least one connection count")
 }
