@@ -632,3 +632,36 @@ async fn a_broker_crash_mid_run_loses_nothing_over_amqp10() {
     drop(before);
     drop(broker);
 }
+
+/// A broker that stops answering cannot hold a close: fe2o3-amqp waits for the broker's detach,
+/// end and close replies without a limit, so the publisher bounds each step (the bench once
+/// hung there, its session task spinning). Replies are stalled at a proxy; the close returns
+/// within its three bounded steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_against_a_broker_that_stopped_answering_returns() {
+    use outbox_relay::broker::Publisher;
+    use outbox_relay::broker::amqp10::{Amqp10Publisher, Amqp10Settings, CLOSE_STEP};
+    use outbox_relay::secret_url::{SecretUrl, UrlKind};
+
+    let name = unique("amqp10_close");
+    let (url, switch) = proxy::start_for_url(ARTEMIS_URL).await.unwrap();
+    let settings = Amqp10Settings {
+        address: name.clone(),
+        timeout: Duration::from_secs(5),
+        content_type: "application/json".into(),
+        container_id: name.clone(),
+    };
+    let url = SecretUrl::parse(&url, UrlKind::Amqp).unwrap();
+    let publisher = Amqp10Publisher::connect(&url, settings).await.unwrap();
+    assert!(publisher.is_connected());
+    switch.stall_replies();
+    let started = std::time::Instant::now();
+    let closed =
+        tokio::time::timeout(CLOSE_STEP * 3 + Duration::from_secs(5), publisher.close()).await;
+    assert!(
+        closed.is_ok(),
+        "close still waiting after {:?}",
+        started.elapsed()
+    );
+    switch.resume();
+}

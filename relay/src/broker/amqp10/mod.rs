@@ -33,6 +33,9 @@ use super::{
 };
 use crate::secret_url::SecretUrl;
 
+/// The longest wait for the broker's answer to each step of a close.
+pub const CLOSE_STEP: Duration = Duration::from_secs(2);
+
 /// Publisher settings that do not depend on the row.
 #[derive(Debug, Clone)]
 pub struct Amqp10Settings {
@@ -311,10 +314,14 @@ impl Publisher for Amqp10Publisher {
         !self.failed && !self.connection.is_closed() && !self.session.is_ended()
     }
 
+    /// Detach, end, close, each step bounded by [`CLOSE_STEP`]: fe2o3-amqp 0.18 waits for the
+    /// broker's answer to each without a limit (and its session task spins while it waits for
+    /// `end`), so a broker that stopped answering would hold a reconnecting worker, or a
+    /// shutdown, forever. Closing the connection stops the session's task either way.
     async fn close(mut self) {
-        let _ = self.sender.close().await;
-        let _ = self.session.end().await;
-        let _ = self.connection.close().await;
+        let _ = tokio::time::timeout(CLOSE_STEP, self.sender.close()).await;
+        let _ = tokio::time::timeout(CLOSE_STEP, self.session.end()).await;
+        let _ = tokio::time::timeout(CLOSE_STEP, self.connection.close()).await;
     }
 }
 
