@@ -170,6 +170,9 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             .is_some_and(|p| !p.is_connected())
             && let Some(old) = broker.take()
         {
+            // Found broken between batches (a cut or a broker restart while nothing was in
+            // flight): said once, so an outage never passes silently.
+            warn!("the broker connection was lost between batches; reconnecting");
             old.close().await;
         }
         let connected = broker.ensure(ctx.broker.connect()).await;
