@@ -172,22 +172,27 @@ pub async fn run_batch<P: Publisher>(
         .iter()
         .map(|row| to_message(row, &settings.routing_key))
         .collect();
-    // The well-formed rows, as (row index, message), in claim order.
-    let sendable: Vec<(usize, Message<'_>)> = prepared
-        .iter()
-        .enumerate()
-        .filter_map(|(index, p)| Some((index, p.as_ref().ok()?.clone())))
-        .collect();
     let (delivered, mut broken) = match lanes {
         None => {
-            let messages: Vec<Message<'_>> = sendable.iter().map(|(_, m)| m.clone()).collect();
+            let messages: Vec<Message<'_>> = prepared
+                .iter()
+                .filter_map(|p| p.as_ref().ok().cloned())
+                .collect();
             let outcome = publish_in_slot(publisher, &messages, settings, metrics).await;
             (
                 outcome.deliveries.into_iter().map(Some).collect(),
                 outcome.broken,
             )
         }
-        Some(_) => publish_in_waves(publisher, &rows, &sendable, settings, metrics).await,
+        Some(_) => {
+            // The well-formed rows, as (row index, message), in claim order.
+            let sendable: Vec<(usize, Message<'_>)> = prepared
+                .iter()
+                .enumerate()
+                .filter_map(|(index, p)| Some((index, p.as_ref().ok()?.clone())))
+                .collect();
+            publish_in_waves(publisher, &rows, &sendable, settings, metrics).await
+        }
     };
 
     let mut outcomes = Vec::with_capacity(rows.len());

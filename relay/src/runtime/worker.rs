@@ -205,8 +205,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 }
                 Err(e) => {
                     warn!(error = %e, "cannot balance the lanes; reconnecting to PostgreSQL");
-                    ctx.metrics.blocked_keys.release_lanes(&lanes.forget());
-                    drop(db.take());
+                    drop_database(&mut db, Some(lanes), &ctx.metrics);
                     pause(&ctx.shutdown, db.next_delay()).await;
                     continue;
                 }
@@ -265,10 +264,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             Err(e) => {
                 warn!(error = %e, "batch rolled back; reconnecting to PostgreSQL");
                 cursor.reset();
-                if let Some(lanes) = lanes.as_mut() {
-                    ctx.metrics.blocked_keys.release_lanes(&lanes.forget());
-                }
-                drop(db.take());
+                drop_database(&mut db, lanes.as_mut(), &ctx.metrics);
                 pause(&ctx.shutdown, db.next_delay()).await;
             }
         }
@@ -279,6 +275,15 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
     if let Some(conn) = db.take() {
         let _ = conn.close().await;
     }
+}
+
+/// Drops the claim connection, and with it the lanes' advisory locks: their blocked keys are
+/// no longer this process's to report.
+fn drop_database(db: &mut Link<PgConnection>, lanes: Option<&mut Lanes>, metrics: &Metrics) {
+    if let Some(lanes) = lanes {
+        metrics.blocked_keys.release_lanes(&lanes.forget());
+    }
+    drop(db.take());
 }
 
 /// Once per failed attempt. A missing exchange is a fact the broker stated, not an outage: its

@@ -108,19 +108,18 @@ impl Statements {
             format!("coalesce(t.{}, 0)::int4", col.quoted())
         });
 
-        let key_expr = c
-            .partition_key
-            .as_ref()
-            .map_or("NULL::text".to_string(), |col| {
-                text(format!("t.{}", col.quoted()))
-            });
+        let per_key = table.ordering == DeliveryOrder::PerKey && c.partition_key.is_some();
+        // Only per-key claims need the key; the unordered claim does not read or send it.
+        let key_expr = match (&c.partition_key, per_key) {
+            (Some(col), true) => text(format!("t.{}", col.quoted())),
+            _ => "NULL::text".to_string(),
+        };
         // Per-key ordering: a worker claims only rows of the lanes it holds, where no other
         // relay worker claims (runtime::lanes), so it need not skip locked rows, and must not:
         // a row locked by someone else would let a later row of its key overtake it. It waits
         // instead (bounded by the batch's database timeout). A NULL key is unordered, its
         // lane spread by the id. Ties in occurred-at are broken by id, so the order of a key is
         // total.
-        let per_key = table.ordering == DeliveryOrder::PerKey && c.partition_key.is_some();
         let lane_expr = c.partition_key.as_ref().map_or(String::new(), |col| {
             format!(
                 "(hashtext(coalesce(t.{}::text, t.{id}::text)) & {})",
@@ -384,5 +383,6 @@ mod tests {
         let unordered = Statements::new(&t, PayloadKind::Json);
         assert!(unordered.claim.ends_with("FOR UPDATE OF t SKIP LOCKED"));
         assert!(!unordered.claim.contains("hashtext"));
+        assert!(unordered.claim.contains("NULL::text AS partition_key"));
     }
 }
