@@ -1,6 +1,10 @@
 //! One batch of the table protocol, inside one transaction:
 //! claim (`FOR UPDATE SKIP LOCKED`) → publish pipelined → await confirms → settle every row in
 //! one statement → commit. A row is settled as published only after its confirm.
+//!
+//! Where the statements offer a settling claim (see [`crate::table::sql::SettlingClaims`]), the
+//! claim itself marks the rows, and the settle step puts back those not published; it writes
+//! nothing when every row was confirmed. Either way, what COMMIT makes visible is the same.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,10 +13,10 @@ use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::Semaphore;
 
-use super::claim::{ClaimStart, claim_query, decode_all};
+use super::claim::{ClaimStart, claim_query, decode_all, settling_claim_query};
 use super::message::{dead_letter, to_message};
 use super::row::{ClaimedRow, Malformed};
-use super::settle::{RowError, RowOutcome, SettleCounts, settle_query};
+use super::settle::{RowError, RowOutcome, SettleCounts, revert_query, settle_query};
 use crate::broker::routing::RoutingKey;
 use crate::broker::{
     BatchOutcome, BrokerFailure, Delivery, Message, Publisher, Rejection, Target, Unconfirmed,
@@ -152,7 +156,12 @@ pub async fn run_batch<P: Publisher>(
     lanes: Option<&[i32]>,
 ) -> Result<BatchReport, BatchError> {
     let mut tx = timed(metrics, Stage::Claim, conn.begin()).await?;
-    let claim = claim_query(statements, settings.batch_size as i64, start, lanes);
+    let limit = settings.batch_size as i64;
+    let settling = statements.settling.as_ref().filter(|_| lanes.is_none());
+    let claim = match settling {
+        Some(settling) => settling_claim_query(settling, limit, start),
+        None => claim_query(statements, limit, start, lanes),
+    };
     // The claim cursor schedules the wide claims by their cost, so it gets the time too.
     let (rows, claim_time) =
         observed(metrics, Stage::Claim, bounded(claim.fetch_all(&mut *tx))).await;
@@ -165,7 +174,12 @@ pub async fn run_batch<P: Publisher>(
             ..BatchReport::default()
         });
     }
-    let rows = decode_all(&rows)?;
+    let mut rows = decode_all(&rows)?;
+    if settling.is_some() {
+        // An UPDATE returns its rows in no promised order; the batch goes out, and the cursor
+        // moves on, in claim order. (Stable and nearly sorted already: cheap.)
+        rows.sort_by_key(|row| row.occurred_at);
+    }
 
     // Publish every well-formed row; malformed ones are settled as dead letters right away.
     let prepared: Vec<Result<Message<'_>, Malformed>> = rows
@@ -232,7 +246,10 @@ pub async fn run_batch<P: Publisher>(
         .await;
     }
 
-    let (counts, settle) = settle_query(statements, &rows, &outcomes);
+    let (counts, settle) = match settling {
+        Some(settling) => revert_query(settling, &rows, &outcomes),
+        None => settle_query(statements, &rows, &outcomes),
+    };
     if let Some(settle) = settle {
         timed(metrics, Stage::Mark, settle.execute(&mut *tx)).await?;
     }

@@ -1,6 +1,7 @@
 //! The claim: up to a batch of pending rows in claim order, locked `FOR UPDATE SKIP LOCKED`, from
 //! where the [`super::cursor::ClaimCursor`] says, decoded into [`ClaimedRow`]s.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -9,7 +10,7 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Column as _, Postgres, Row};
 
 use super::row::{ClaimedRow, Column, Malformed};
-use crate::table::sql::{Statements, columns};
+use crate::table::sql::{SettlingClaims, Statements, columns};
 
 /// How far before the database's now() the recent claim starts: a row whose transaction took
 /// longer than this between taking its claim position and committing waits for the full claim.
@@ -36,27 +37,46 @@ pub fn claim_query(
     start: ClaimStart,
     lanes: Option<&[i32]>,
 ) -> Query<'static, Postgres, PgArguments> {
-    let query = start_query(statements, limit, start);
+    let texts = [
+        &statements.claim,
+        &statements.claim_from,
+        &statements.claim_recent,
+    ];
+    let query = start_query(texts, limit, start);
     match lanes {
         Some(lanes) => query.bind(lanes.to_vec()),
         None => query,
     }
 }
 
+/// The settling claim for `start` (unordered: no lanes), with its values bound: it marks what
+/// it claims, see [`SettlingClaims`].
+pub fn settling_claim_query(
+    settling: &SettlingClaims,
+    limit: i64,
+    start: ClaimStart,
+) -> Query<'static, Postgres, PgArguments> {
+    let texts = [
+        &settling.claim,
+        &settling.claim_from,
+        &settling.claim_recent,
+    ];
+    start_query(texts, limit, start)
+}
+
+/// `texts`: the statement that starts at the head, after a position, and at the recent window.
 fn start_query(
-    statements: &Statements,
+    [head, after, recent]: [&Arc<str>; 3],
     limit: i64,
     start: ClaimStart,
 ) -> Query<'static, Postgres, PgArguments> {
     match start {
-        ClaimStart::Head => sqlx::query(AssertSqlSafe(statements.claim.clone())).bind(limit),
-        ClaimStart::Recent { horizon } => {
-            sqlx::query(AssertSqlSafe(statements.claim_recent.clone()))
-                .bind(limit)
-                .bind(horizon)
-                .bind(RECENT_WINDOW.as_secs_f64())
-        }
-        ClaimStart::After(position) => sqlx::query(AssertSqlSafe(statements.claim_from.clone()))
+        ClaimStart::Head => sqlx::query(AssertSqlSafe(head.clone())).bind(limit),
+        ClaimStart::Recent { horizon } => sqlx::query(AssertSqlSafe(recent.clone()))
+            .bind(limit)
+            .bind(horizon)
+            .bind(RECENT_WINDOW.as_secs_f64()),
+        ClaimStart::After(position) => sqlx::query(AssertSqlSafe(after.clone()))
             .bind(limit)
             .bind(position),
     }
@@ -84,6 +104,8 @@ struct Positions {
     partition_key: usize,
     /// Per-key claims only.
     lane: Option<usize>,
+    /// Settling claims only.
+    prior_error: Option<usize>,
 }
 
 impl Positions {
@@ -99,6 +121,7 @@ impl Positions {
             attempts: at(columns::ATTEMPTS)?,
             partition_key: at(columns::PARTITION_KEY)?,
             lane: at(columns::LANE).ok(),
+            prior_error: at(columns::PRIOR_ERROR).ok(),
         })
     }
 
@@ -116,6 +139,10 @@ impl Positions {
             attempts: row.try_get(self.attempts)?,
             partition_key: raw_bytes(row, self.partition_key)?,
             lane: match self.lane {
+                Some(index) => row.try_get(index)?,
+                None => None,
+            },
+            prior_error: match self.prior_error {
                 Some(index) => row.try_get(index)?,
                 None => None,
             },
@@ -179,6 +206,14 @@ mod tests {
             let mut query = claim_query(&statements, 10, start, None);
             let arguments = query.take_arguments().unwrap().expect("bound values");
             assert_eq!(arguments.len(), values, "{start:?}");
+            // The settling claim of the same start takes the same values.
+            let settling = statements
+                .settling
+                .as_ref()
+                .expect("mark mode settles in claim");
+            let mut query = settling_claim_query(settling, 10, start);
+            let arguments = query.take_arguments().unwrap().expect("bound values");
+            assert_eq!(arguments.len(), values, "settling {start:?}");
         }
     }
 }

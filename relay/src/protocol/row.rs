@@ -20,6 +20,9 @@ pub struct ClaimedRow {
     pub partition_key: Option<Vec<u8>>,
     /// The row's lane under per-key ordering (`runtime::lanes`); None for unordered claims.
     pub lane: Option<i32>,
+    /// The error the row had when a settling claim took it (what it keeps if it is put back
+    /// untouched; cleared if it is published); None for other claims, or when it had none.
+    pub prior_error: Option<String>,
     /// Set when a column could not be read as the message needs it.
     pub malformed: Option<Malformed>,
 }
@@ -69,6 +72,7 @@ impl ClaimedRow {
             attempts: 0,
             partition_key: None,
             lane: None,
+            prior_error: None,
             malformed: None,
         }
     }

@@ -34,6 +34,9 @@ pub struct TableShape {
     /// Autovacuum runs on this server (`autovacuum` and `track_counts` both on). When it does
     /// not, nothing reclaims the dead rows every processed row leaves, and the claim slows.
     pub server_autovacuum: bool,
+    /// The table keeps its rows in one heap: not partitioned, no inheritance children. Only then
+    /// does a ctid name one row of it (the settling claim finds its rows by ctid).
+    pub single_heap: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -149,14 +152,19 @@ pub async fn inspect(
             missing,
         });
     }
-    let (encoding, server_autovacuum): (String, bool) = sqlx::query_as(sqlx::AssertSqlSafe(
-        format!("SELECT current_setting('server_encoding'), {SERVER_AUTOVACUUM_SQL}"),
-    ))
-    .fetch_one(&mut *conn)
-    .await?;
+    let (encoding, server_autovacuum, single_heap): (String, bool, bool) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT current_setting('server_encoding'), {SERVER_AUTOVACUUM_SQL}, \
+                    c.relkind = 'r' AND NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = c.oid) \
+               FROM pg_class c WHERE c.oid = to_regclass($1)"
+        )))
+        .bind(table.name.quoted())
+        .fetch_one(&mut *conn)
+        .await?;
     Ok(TableShape {
         payload,
         raw_text: encoding.eq_ignore_ascii_case("SQL_ASCII"),
         server_autovacuum,
+        single_heap,
     })
 }

@@ -19,6 +19,9 @@ pub mod columns {
     pub const PARTITION_KEY: &str = "partition_key";
     /// Only in per-key claims: the row's lane, so a worker knows which keys go with a lane.
     pub const LANE: &str = "lane";
+    /// Only in settling claims: the row's error as the claim found it, so a row put back keeps
+    /// what it said and a published one has it cleared.
+    pub const PRIOR_ERROR: &str = "prior_error";
 }
 
 /// Per-key ordering hashes every partition key into one of this many lanes; a lane is claimed
@@ -55,20 +58,52 @@ pub struct Statements {
     pub oldest_age: Arc<str>,
     /// Deletes up to `$2` rows processed more than `$1` seconds ago (retention in mark mode).
     pub purge_processed: Arc<str>,
+    /// Claims that settle in the same statement, where the protocol uses them: see
+    /// [`SettlingClaims`]. None where a batch claims and then settles.
+    pub settling: Option<SettlingClaims>,
+}
+
+/// Claim statements that mark every claimed row processed as they claim it (one statement
+/// instead of a claim, then an update), inside the batch's transaction: the rows the broker did
+/// not confirm are put back with [`SettlingClaims::revert`] before COMMIT, so no row is settled
+/// as published in a committed transaction without its confirm. The claim leaves the error
+/// column as it was; `revert` also clears it on a published row that had one.
+///
+/// Used in mark mode for unordered claims of a plain table (not partitioned: a ctid names a row
+/// only within one heap) in a UTF-8 database. Measured against the two-pass batch
+/// (docs/benchmarks.md), it won there. Delete mode keeps two passes: a deleted row cannot be put
+/// back as it was without reading every column of it, which costs more than the pass it saves.
+/// Per-key claims keep two passes: their waves leave many rows of a batch held back.
+#[derive(Debug, Clone)]
+pub struct SettlingClaims {
+    /// As [`Statements::claim`], marking what it claims; returns the claim's columns plus
+    /// [`columns::PRIOR_ERROR`].
+    pub claim: Arc<str>,
+    /// As [`Statements::claim_from`], marking what it claims.
+    pub claim_from: Arc<str>,
+    /// As [`Statements::claim_recent`], marking what it claims.
+    pub claim_recent: Arc<str>,
+    /// Puts back the rows of a settling claim that were not published, and clears the error of
+    /// those published that had one: `$1 uuid[]`, `$2 text[]` (the row's error from now on: its
+    /// prior error when untouched, the refusal when refused, NULL when published),
+    /// `$3 bool[]` (true = stays processed: published or dead-lettered), `$4 bool[]` (true = an
+    /// attempt was spent: the broker refused it).
+    pub revert: Arc<str>,
 }
 
 impl Statements {
     /// Statements for a table whose shape was inspected (the relay's path).
     pub fn for_shape(table: &OutboxTable, shape: &TableShape) -> Self {
-        Self::build(table, shape.payload, shape.raw_text)
+        Self::build(table, shape.payload, shape.raw_text, shape.single_heap)
     }
 
-    /// Statements for a UTF-8 database, when only the payload kind is known.
+    /// Statements for a plain table (not partitioned) in a UTF-8 database, when only the payload
+    /// kind is known.
     pub fn new(table: &OutboxTable, payload: PayloadKind) -> Self {
-        Self::build(table, payload, false)
+        Self::build(table, payload, false, true)
     }
 
-    fn build(table: &OutboxTable, payload: PayloadKind, raw_text: bool) -> Self {
+    fn build(table: &OutboxTable, payload: PayloadKind, raw_text: bool, single_heap: bool) -> Self {
         let t = table.name.quoted();
         let c = &table.columns;
         let (id, kind, body, occurred, processed, error) = (
@@ -127,46 +162,61 @@ impl Statements {
                 LANES - 1
             )
         });
-        let claim_where = |bound: &str, lanes_placeholder: usize| {
+        // The claim's columns and its FROM … FOR UPDATE clause, apart: a settling claim locks
+        // in a CTE with the same clause and returns the same columns from its UPDATE.
+        let (select_list, claim_clause) = {
             use columns::*;
-            let (lane_column, lanes, order, lock) = if per_key {
-                (
-                    format!(", {lane_expr} AS {LANE}"),
-                    format!(" AND {lane_expr} = ANY(${lanes_placeholder}::int4[])"),
-                    format!("t.{occurred}, t.{id}"),
-                    "FOR UPDATE OF t",
-                )
+            let lane_column = if per_key {
+                format!(", {lane_expr} AS {LANE}")
             } else {
-                (
-                    String::new(),
-                    String::new(),
-                    format!("t.{occurred}"),
-                    "FOR UPDATE OF t SKIP LOCKED",
-                )
+                String::new()
             };
-            format!(
-                "SELECT t.{id} AS {ID}, {kind_expr} AS {KIND}, {payload_expr} AS {PAYLOAD}, \
+            let select_list = format!(
+                "t.{id} AS {ID}, {kind_expr} AS {KIND}, {payload_expr} AS {PAYLOAD}, \
                  t.{occurred}::timestamptz AS {OCCURRED_AT}, {routing_expr} AS {ROUTING_KEY}, \
                  {headers_expr} AS {HEADERS}, {attempts_expr} AS {ATTEMPTS}, \
-                 {key_expr} AS {PARTITION_KEY}{lane_column} \
-                 FROM {t} AS t WHERE t.{processed} IS NULL{bound}{lanes} \
-                 ORDER BY {order} LIMIT $1 {lock}"
-            )
+                 {key_expr} AS {PARTITION_KEY}{lane_column}"
+            );
+            let claim_clause = |bound: &str, lanes_placeholder: usize| {
+                let (lanes, order, lock) = if per_key {
+                    (
+                        format!(" AND {lane_expr} = ANY(${lanes_placeholder}::int4[])"),
+                        format!("t.{occurred}, t.{id}"),
+                        "FOR UPDATE OF t",
+                    )
+                } else {
+                    (
+                        String::new(),
+                        format!("t.{occurred}"),
+                        "FOR UPDATE OF t SKIP LOCKED",
+                    )
+                };
+                format!(
+                    "FROM {t} AS t WHERE t.{processed} IS NULL{bound}{lanes} \
+                     ORDER BY {order} LIMIT $1 {lock}"
+                )
+            };
+            (select_list, claim_clause)
         };
-        let claim = claim_where("", 2);
-        // The bound is the claim's own output (the column cast to timestamptz). Against a
+        // The three starts of a claim (see the fields' docs), as `claim_clause`s.
+        // The `from` bound is the claim's own output (the column cast to timestamptz). Against a
         // timestamp column the comparison is btree's cross-type timestamp >= timestamptz, which
         // converts with the session time zone exactly as the claim did, and is still an index
-        // condition.
-        let claim_from = claim_where(&format!(" AND t.{occurred} >= $2::timestamptz"), 3);
-        // LEAST ignores a NULL horizon. The bound is a stable expression, computed once per
-        // statement, so it stays an index condition.
-        let claim_recent = claim_where(
-            &format!(
-                " AND t.{occurred} >= least($2::timestamptz, now() - make_interval(secs => $3::float8))"
+        // condition. The `recent` bound: LEAST ignores a NULL horizon, and the bound is a stable
+        // expression, computed once per statement, so it stays an index condition.
+        let starts = [
+            claim_clause("", 2),
+            claim_clause(&format!(" AND t.{occurred} >= $2::timestamptz"), 3),
+            claim_clause(
+                &format!(
+                    " AND t.{occurred} >= least($2::timestamptz, now() - make_interval(secs => $3::float8))"
+                ),
+                4,
             ),
-            4,
-        );
+        ];
+        let [claim, claim_from, claim_recent] = starts
+            .each_ref()
+            .map(|clause| format!("SELECT {select_list} {clause}"));
 
         let settle_all_published = match table.mode {
             DeliveryMode::Mark => format!(
@@ -175,15 +225,19 @@ impl Statements {
             DeliveryMode::Delete => format!("DELETE FROM {t} WHERE {id} = ANY($1::uuid[])"),
         };
 
-        let attempts_set = c.attempts.as_ref().map_or(String::new(), |col| {
-            let col = col.quoted();
-            format!(", {col} = coalesce(t.{col}, 0) + CASE WHEN u.error IS NULL THEN 0 ELSE 1 END")
-        });
+        // `spent` says when a row spends an attempt (a refusal by the broker).
+        let attempts_set = |spent: &str| {
+            c.attempts.as_ref().map_or(String::new(), |col| {
+                let col = col.quoted();
+                format!(", {col} = coalesce(t.{col}, 0) + CASE WHEN {spent} THEN 1 ELSE 0 END")
+            })
+        };
         let outcomes = "unnest($1::uuid[], $2::text[], $3::bool[]) AS u(id, error, done)";
         let update_outcomes = |only_failed: &str| {
             format!(
                 "UPDATE {t} AS t SET {processed} = CASE WHEN u.done THEN now() ELSE NULL END, \
-                 {error} = u.error{attempts_set} FROM {outcomes} WHERE t.{id} = u.id{only_failed}"
+                 {error} = u.error{} FROM {outcomes} WHERE t.{id} = u.id{only_failed}",
+                attempts_set("u.error IS NOT NULL")
             )
         };
         let settle_outcomes = match table.mode {
@@ -210,7 +264,41 @@ impl Statements {
              AND {processed} < now() - make_interval(secs => $1) LIMIT $2)"
         );
 
+        // A row settled and put back in one transaction is written twice, so only the rare
+        // batch with a row the broker did not confirm (or one that had an error) pays for it.
+        // The UPDATE finds the claimed rows by ctid, a TID scan instead of a primary-key probe
+        // per row: they are locked from the claim on, so their ctid cannot move in between. The
+        // ctids go in as an array, not a join: a generic plan would hash-join the whole table.
+        // The error column is left as it was, and returned, so a row put back keeps it.
+        // A partitioned table's ctids repeat from partition to partition: it keeps two passes.
+        let settles_in_claim =
+            table.mode == DeliveryMode::Mark && !per_key && !raw_text && single_heap;
+        let settling = settles_in_claim.then(|| {
+            let settle = |clause: &String| {
+                use columns::PRIOR_ERROR;
+                format!(
+                    "UPDATE {t} AS t SET {processed} = now() \
+                     WHERE t.ctid = ANY(ARRAY(SELECT t.ctid {clause})) \
+                     RETURNING {select_list}, t.{error}::text AS {PRIOR_ERROR}"
+                )
+            };
+            SettlingClaims {
+                claim: settle(&starts[0]).into(),
+                claim_from: settle(&starts[1]).into(),
+                claim_recent: settle(&starts[2]).into(),
+                revert: format!(
+                    "UPDATE {t} AS t SET {processed} = CASE WHEN u.done THEN t.{processed} END, \
+                     {error} = u.error{} \
+                     FROM unnest($1::uuid[], $2::text[], $3::bool[], $4::bool[]) \
+                     AS u(id, error, done, spent) WHERE t.{id} = u.id",
+                    attempts_set("u.spent")
+                )
+                .into(),
+            }
+        });
+
         Self {
+            settling,
             purge_processed: purge_processed.into(),
             claim: claim.into(),
             claim_from: claim_from.into(),
@@ -277,6 +365,59 @@ mod tests {
     }
 
     #[test]
+    fn mark_mode_settles_in_the_claim_by_ctid_and_keeps_the_error() {
+        let s = Statements::new(&table(), PayloadKind::Json);
+        let settling = s.settling.expect("mark mode");
+        // The claim's own clause, locked and skipping locked rows, inside the UPDATE.
+        let clause = s.claim.split_once(" FROM ").unwrap().1;
+        assert!(settling.claim.starts_with(
+            "UPDATE \"app\".\"outbox\" AS t SET \"processed_on_utc\" = now() WHERE t.ctid = ANY(ARRAY(SELECT t.ctid FROM "
+        ));
+        assert!(settling.claim.contains(clause), "{}", settling.claim);
+        assert!(
+            !settling.claim.contains("\"error\" ="),
+            "{}",
+            settling.claim
+        );
+        assert!(settling.claim.ends_with("t.\"error\"::text AS prior_error"));
+        // Per-key ordering and SQL_ASCII databases keep two passes.
+        let mut per_key = table();
+        per_key.columns.partition_key = Some(Ident::new("k").unwrap());
+        per_key.ordering = DeliveryOrder::PerKey;
+        assert!(
+            Statements::new(&per_key, PayloadKind::Json)
+                .settling
+                .is_none()
+        );
+        let plain = TableShape {
+            payload: PayloadKind::Json,
+            raw_text: false,
+            server_autovacuum: true,
+            single_heap: true,
+        };
+        assert!(Statements::for_shape(&table(), &plain).settling.is_some());
+        let sql_ascii = TableShape {
+            raw_text: true,
+            ..plain.clone()
+        };
+        assert!(
+            Statements::for_shape(&table(), &sql_ascii)
+                .settling
+                .is_none()
+        );
+        // A partitioned table's ctids are not unique, so it keeps two passes.
+        let partitioned = TableShape {
+            single_heap: false,
+            ..plain
+        };
+        assert!(
+            Statements::for_shape(&table(), &partitioned)
+                .settling
+                .is_none()
+        );
+    }
+
+    #[test]
     fn delete_mode_deletes_only_published_rows() {
         let mut t = table();
         t.mode = DeliveryMode::Delete;
@@ -295,6 +436,7 @@ mod tests {
             payload: PayloadKind::Text,
             raw_text: true,
             server_autovacuum: true,
+            single_heap: true,
         };
         let s = Statements::for_shape(&table(), &shape);
         assert!(s.claim.contains("convert_to(t.\"type\"::text, 'SQL_ASCII') AS kind, convert_to(t.\"content\"::text, 'SQL_ASCII')"));
@@ -334,6 +476,16 @@ mod tests {
         for mode in [DeliveryMode::Mark, DeliveryMode::Delete] {
             t.mode = mode;
             let s = Statements::new(&t, PayloadKind::Text);
+            // Mark mode claims with the settling claims, delete mode in two passes.
+            assert_eq!(s.settling.is_some(), mode == DeliveryMode::Mark);
+            let settling = s.settling.iter().flat_map(|settling| {
+                [
+                    (&settling.claim, 1),
+                    (&settling.claim_from, 2),
+                    (&settling.claim_recent, 3),
+                    (&settling.revert, 4),
+                ]
+            });
             // Each statement with the values its callers bind: $1..$n, every one used.
             for (text, values) in [
                 (&s.claim, 1),
@@ -344,7 +496,10 @@ mod tests {
                 (&s.backlog, 1),
                 (&s.oldest_age, 0),
                 (&s.purge_processed, 2),
-            ] {
+            ]
+            .into_iter()
+            .chain(settling)
+            {
                 let mut used = placeholders(text);
                 used.sort_unstable();
                 assert_eq!(used, (1..=values).collect::<Vec<u32>>(), "{text}");
