@@ -225,6 +225,11 @@ start_artemis() {
   local pid log="$artemis_instance/log"
   if ! pid=$(artemis_pid); then
     echo "starting ActiveMQ Artemis $ARTEMIS_VERSION"
+    # It starts empty: no test reads what an earlier run left, and the messages a failed run
+    # leaves in its queues would otherwise pile up in the journal from run to run, until the
+    # journal's compaction runs out of heap and the broker stops.
+    rm -rf "$artemis_instance/data/journal" "$artemis_instance/data/bindings" \
+      "$artemis_instance/data/paging" "$artemis_instance/data/large-messages"
     # A session of its own, so that it outlives this script; the pid file is artemis-service's.
     # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
     setsid bash -c 'echo $$ >"$1"; exec "$2/bin/artemis" run' _ "$artemis_pidfile" "$artemis_instance" \

@@ -21,7 +21,10 @@ use fe2o3_amqp::types::messaging::{
 };
 use fe2o3_amqp::types::primitives::{Array, Binary, SimpleValue, Symbol, Timestamp};
 use fe2o3_amqp::{Sendable, Sender, Session};
-use futures::future::join_all;
+use std::sync::Arc;
+
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 
 mod connect;
 
@@ -132,56 +135,98 @@ impl Amqp10Publisher {
         })
     }
 
-    /// Sends every message unsettled, then awaits the dispositions until `deadline`.
+    /// Sends every message unsettled, then awaits the dispositions until `deadline`, or until
+    /// the connection closes: fe2o3-amqp 0.18 keeps a pending disposition's channel in the link,
+    /// so after a dropped connection the outstanding ones would only end at the publish timeout,
+    /// and the worker would learn of the outage seconds late.
     async fn publish_main(&mut self, messages: &[Message<'_>]) -> BatchOutcome {
         let started = Instant::now();
-        let deadline = started + self.settings.timeout;
-        let mut pending = Vec::with_capacity(messages.len());
+        let deadline = tokio::time::Instant::from_std(started + self.settings.timeout);
+        let Self {
+            connection,
+            sender,
+            settings,
+            failed,
+            ..
+        } = self;
+        let closed = connection.on_close().fuse();
+        tokio::pin!(closed);
         let mut broken = None;
+        let mut pending = Vec::with_capacity(messages.len());
         for message in messages {
-            let sendable = Sendable::from(self.message(message));
+            let sendable = Sendable::from(amqp_message(settings, message));
             // Waits for link credit when the broker grants less than a batch: flow control,
             // bounded by the same deadline as the confirms.
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(remaining, self.sender.send_batchable(sendable)).await {
-                Ok(Ok(delivery)) => pending.push(delivery),
-                Ok(Err(e)) => {
-                    broken = Some(BrokerFailure::Publish(std::sync::Arc::new(e)));
-                    break;
-                }
-                Err(_) => {
-                    broken = Some(BrokerFailure::ConfirmTimeout(self.settings.timeout));
+            tokio::select! {
+                sent = tokio::time::timeout_at(deadline, sender.send_batchable(sendable)) => match sent {
+                    Ok(Ok(delivery)) => pending.push(delivery),
+                    Ok(Err(e)) => {
+                        broken = Some(BrokerFailure::Publish(Arc::new(e)));
+                        break;
+                    }
+                    Err(_) => {
+                        broken = Some(BrokerFailure::ConfirmTimeout(settings.timeout));
+                        break;
+                    }
+                },
+                end = &mut closed => {
+                    broken = Some(BrokerFailure::Publish(connection_lost(end)));
                     break;
                 }
             }
         }
         let publish_time = started.elapsed();
         let sent = pending.len();
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let outcomes = tokio::time::timeout(remaining, join_all(pending)).await;
-        let mut deliveries = Vec::with_capacity(messages.len());
-        let mut released = 0;
-        match outcomes {
-            Ok(outcomes) => {
-                for outcome in outcomes {
-                    let delivery = delivery_of(outcome);
-                    match &delivery {
-                        Delivery::Unknown(Unconfirmed::Released) => released += 1,
-                        Delivery::Unknown(_) if broken.is_none() => {
-                            broken = Some(BrokerFailure::Confirm(std::sync::Arc::new(
-                                std::io::Error::other("the link failed while awaiting outcomes"),
-                            )));
-                        }
-                        _ => {}
-                    }
-                    deliveries.push(delivery);
+        let mut outcomes: Vec<Option<Delivery>> = vec![None; sent];
+        let mut waiting: FuturesUnordered<_> = pending
+            .into_iter()
+            .enumerate()
+            .map(|(index, delivery)| delivery.map(move |outcome| (index, outcome)))
+            .collect();
+        let expired = tokio::time::sleep_until(deadline);
+        tokio::pin!(expired);
+        while broken.is_none() {
+            tokio::select! {
+                next = waiting.next() => match next {
+                    Some((index, outcome)) => outcomes[index] = Some(delivery_of(outcome)),
+                    None => break,
+                },
+                end = &mut closed => {
+                    broken = Some(BrokerFailure::Confirm(connection_lost(end)));
+                }
+                () = &mut expired => {
+                    // A late disposition on this link would be ambiguous: the link is replaced.
+                    broken = Some(BrokerFailure::ConfirmTimeout(settings.timeout));
                 }
             }
-            Err(_) => {
-                // A late disposition on this link would be ambiguous: the link is replaced.
-                deliveries.extend((0..sent).map(|_| Delivery::Unknown(Unconfirmed::Timeout)));
-                broken.get_or_insert(BrokerFailure::ConfirmTimeout(self.settings.timeout));
-            }
+        }
+        // What had arrived when the wait ended still counts; the rest is unknown.
+        while let Some(Some((index, outcome))) = waiting.next().now_or_never() {
+            outcomes[index] = Some(delivery_of(outcome));
+        }
+        let timed_out = matches!(broken, Some(BrokerFailure::ConfirmTimeout(_)));
+        let mut released = 0;
+        let mut deliveries: Vec<Delivery> = outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                Some(delivery) => delivery,
+                None if timed_out => Delivery::Unknown(Unconfirmed::Timeout),
+                None => Delivery::Unknown(Unconfirmed::BrokerUnavailable),
+            })
+            .inspect(|delivery| {
+                if *delivery == Delivery::Unknown(Unconfirmed::Released) {
+                    released += 1;
+                }
+            })
+            .collect();
+        if broken.is_none()
+            && deliveries.iter().any(|delivery| {
+                matches!(delivery, Delivery::Unknown(Unconfirmed::BrokerUnavailable))
+            })
+        {
+            broken = Some(BrokerFailure::Confirm(Arc::new(std::io::Error::other(
+                "the link failed while awaiting outcomes",
+            ))));
         }
         // Messages never handed over (the send failed or timed out first).
         deliveries.resize(
@@ -191,44 +236,54 @@ impl Amqp10Publisher {
         if released > 0 {
             broken.get_or_insert(BrokerFailure::Released(released));
         }
-        self.failed |= broken.is_some();
+        *failed |= broken.is_some();
         BatchOutcome {
             deliveries,
             broken,
             publish_time,
         }
     }
+}
 
-    /// The AMQP 1.0 message of a row: message-id = the row id, subject = the type,
-    /// creation-time = occurred-at, the headers as application properties; durable.
-    fn message(&self, message: &Message<'_>) -> AmqpMessage<Data> {
-        let mut properties = Properties::builder()
-            .message_id(MessageId::String(message.id.to_string()))
-            .subject(message.kind.to_string())
-            .content_type(Symbol::from(self.settings.content_type.as_str()))
-            .build();
-        properties.creation_time = message
-            .timestamp
-            .map(|seconds| Timestamp::from_milliseconds(seconds as i64 * 1000));
-        let mut application = ApplicationProperties::builder();
-        if let Some(headers) = message.headers {
-            for (name, value) in headers {
-                application = application.insert(name.clone(), simple_value(value));
-            }
-        }
-        if let Some(error) = message.error {
-            application = application.insert("x-outbox-error", SimpleValue::from(error));
-        }
-        AmqpMessage::builder()
-            .header(Header {
-                durable: true,
-                ..Default::default()
-            })
-            .properties(properties)
-            .application_properties(application.build())
-            .data(Binary::from(message.payload.to_vec()))
-            .build()
+/// Why the connection's event loop stopped, for the log: the transport's error when it had one.
+fn connection_lost(
+    end: Result<(), fe2o3_amqp::connection::Error>,
+) -> Arc<dyn std::error::Error + Send + Sync> {
+    match end {
+        Err(e) => Arc::new(e),
+        Ok(()) => Arc::new(std::io::Error::other("the broker closed the connection")),
     }
+}
+
+/// The AMQP 1.0 message of a row: message-id = the row id, subject = the type,
+/// creation-time = occurred-at, the headers as application properties; durable.
+fn amqp_message(settings: &Amqp10Settings, message: &Message<'_>) -> AmqpMessage<Data> {
+    let mut properties = Properties::builder()
+        .message_id(MessageId::String(message.id.to_string()))
+        .subject(message.kind.to_string())
+        .content_type(Symbol::from(settings.content_type.as_str()))
+        .build();
+    properties.creation_time = message
+        .timestamp
+        .map(|seconds| Timestamp::from_milliseconds(seconds as i64 * 1000));
+    let mut application = ApplicationProperties::builder();
+    if let Some(headers) = message.headers {
+        for (name, value) in headers {
+            application = application.insert(name.clone(), simple_value(value));
+        }
+    }
+    if let Some(error) = message.error {
+        application = application.insert("x-outbox-error", SimpleValue::from(error));
+    }
+    AmqpMessage::builder()
+        .header(Header {
+            durable: true,
+            ..Default::default()
+        })
+        .properties(properties)
+        .application_properties(application.build())
+        .data(Binary::from(message.payload.to_vec()))
+        .build()
 }
 
 /// A JSON header value as an AMQP 1.0 application property, which holds only simple values:
