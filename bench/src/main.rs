@@ -120,6 +120,10 @@ struct Args {
     /// The relay binary (default: outbox-relay next to this binary).
     #[arg(long)]
     relay_bin: Option<PathBuf>,
+    /// Another relay binary (say, a build before a change), measured at its defaults in every
+    /// throughput round right after the relay's defaults: before/after in one sitting.
+    #[arg(long)]
+    baseline_relay_bin: Option<PathBuf>,
     /// Where JSON, plots and logs go (default: target/bench).
     #[arg(long)]
     out_dir: Option<PathBuf>,
@@ -266,6 +270,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 drain: true,
                 per_key: per_key.clone(),
                 amqp10_connections: amqp10_connections.iter().take(1).copied().collect(),
+                baseline_relay: args.baseline_relay_bin.clone(),
             }
         } else {
             ThroughputOptions {
@@ -278,6 +283,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 drain: false,
                 per_key: per_key.clone(),
                 amqp10_connections: amqp10_connections.clone(),
+                baseline_relay: args.baseline_relay_bin.clone(),
             }
         };
         for &workload in &options.workloads {

@@ -46,11 +46,36 @@ fn ticks_by_name(names: &[&str]) -> HashMap<u32, u64> {
     found
 }
 
+/// Whether a `postgres` process serves a client (its title reads `postgres: <cluster>: <user>
+/// <database> <host> <state>`), rather than being the postmaster or a background process
+/// (autovacuum, checkpointer, WAL writer, …), whose work comes at times of its own choosing.
+fn is_client_backend(pid: u32) -> bool {
+    const BACKGROUND: [&str; 10] = [
+        "autovacuum",
+        "checkpointer",
+        "background writer",
+        "walwriter",
+        "logical replication",
+        "stats collector",
+        "archiver",
+        "startup",
+        "walsender",
+        "walreceiver",
+    ];
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let title = String::from_utf8_lossy(&cmdline);
+    title.starts_with("postgres: ") && !BACKGROUND.iter().any(|kind| title.contains(kind))
+}
+
 /// CPU ticks of the process under test, PostgreSQL and RabbitMQ at one instant.
 #[derive(Debug, Clone, Default)]
 pub struct CpuSnapshot {
     subject: u64,
     postgres: HashMap<u32, u64>,
+    /// The client backends among `postgres`.
+    postgres_backends: Vec<u32>,
     rabbitmq: HashMap<u32, u64>,
 }
 
@@ -59,7 +84,11 @@ pub struct CpuSnapshot {
 pub struct CpuSeconds {
     /// The relay process, or the bench process itself for the in-process ceiling and naive loop.
     pub subject: f64,
+    /// Every PostgreSQL process.
     pub postgres: f64,
+    /// PostgreSQL's client backends alone: the statements' own cost, without autovacuum, the
+    /// checkpointer and the WAL writer, so it moves less from run to run.
+    pub postgres_backends: f64,
     pub rabbitmq: f64,
 }
 
@@ -74,6 +103,7 @@ impl CpuSeconds {
         CpuSeconds {
             subject: us(self.subject),
             postgres: us(self.postgres),
+            postgres_backends: us(self.postgres_backends),
             rabbitmq: us(self.rabbitmq),
         }
     }
@@ -81,9 +111,16 @@ impl CpuSeconds {
 
 impl CpuSnapshot {
     pub fn take(subject_pid: u32) -> Self {
+        let postgres = ticks_by_name(&["postgres"]);
+        let postgres_backends = postgres
+            .keys()
+            .copied()
+            .filter(|&pid| is_client_backend(pid))
+            .collect();
         Self {
             subject: read_stat(subject_pid).map(|(_, t)| t).unwrap_or_default(),
-            postgres: ticks_by_name(&["postgres"]),
+            postgres,
+            postgres_backends,
             rabbitmq: ticks_by_name(&["beam.smp", "erl_child_setup", "epmd"]),
         }
     }
@@ -98,9 +135,19 @@ impl CpuSnapshot {
                 .sum::<u64>()
         };
         let hz = ticks_per_second();
+        // A backend is told apart when the later snapshot sees it (a new one counts from zero).
+        let backends = |snapshot: &CpuSnapshot| -> HashMap<u32, u64> {
+            snapshot
+                .postgres
+                .iter()
+                .filter(|(pid, _)| later.postgres_backends.contains(pid))
+                .map(|(&pid, &ticks)| (pid, ticks))
+                .collect()
+        };
         CpuSeconds {
             subject: later.subject.saturating_sub(self.subject) as f64 / hz,
             postgres: delta(&self.postgres, &later.postgres) as f64 / hz,
+            postgres_backends: delta(&backends(self), &backends(later)) as f64 / hz,
             rabbitmq: delta(&self.rabbitmq, &later.rabbitmq) as f64 / hz,
         }
     }
@@ -128,6 +175,32 @@ pub fn load_average() -> Option<f64> {
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn only_client_backends_count_as_backends() {
+        use sqlx::Connection;
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let mut conn = sqlx::PgConnection::connect(&url)
+            .await
+            .expect("PostgreSQL must run (make services)");
+        let mine: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert!(is_client_backend(mine as u32));
+        let background: Vec<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type IN ('checkpointer', 'walwriter', 'autovacuum launcher')",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert!(!background.is_empty());
+        for pid in background {
+            assert!(!is_client_backend(pid as u32), "pid {pid}");
+        }
+        assert!(!is_client_backend(std::process::id()));
+    }
+
     #[test]
     fn reads_this_process() {
         let pid = std::process::id();
@@ -140,10 +213,14 @@ mod tests {
         let cpu = CpuSeconds {
             subject: 0.5,
             postgres: 1.0,
+            postgres_backends: 0.75,
             rabbitmq: 0.25,
         };
         let us = cpu.per_message_us(100_000);
-        assert_eq!((us.subject, us.postgres, us.rabbitmq), (5.0, 10.0, 2.5));
+        assert_eq!(
+            (us.subject, us.postgres, us.postgres_backends, us.rabbitmq),
+            (5.0, 10.0, 7.5, 2.5)
+        );
         assert_eq!(cpu.per_message_us(0).subject, 0.0);
     }
 }

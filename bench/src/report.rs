@@ -40,7 +40,7 @@ fn contender_row(out: &mut String, workload: &str, c: &Contender) {
     let us = &m.cpu_us_per_message;
     let _ = writeln!(
         out,
-        "| {workload} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {rss} |",
+        "| {workload} | {} | {:.0} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {rss} |",
         c.label,
         c.rate.median,
         c.rate.min,
@@ -50,6 +50,7 @@ fn contender_row(out: &mut String, workload: &str, c: &Contender) {
         m.cpu.rabbitmq,
         us.subject,
         us.postgres,
+        us.postgres_backends,
         us.rabbitmq
     );
 }
@@ -82,11 +83,11 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "| workload | contender | median | min | max | CPU subject s | CPU postgres s | CPU rabbitmq s | subject µs/msg | postgres µs/msg | rabbitmq µs/msg | relay peak RSS MiB |"
+                "| workload | contender | median | min | max | CPU subject s | CPU postgres s | CPU rabbitmq s | subject µs/msg | postgres µs/msg | of which backends | rabbitmq µs/msg | relay peak RSS MiB |"
             );
             let _ = writeln!(
                 out,
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             );
             for w in &self.throughput {
                 let name = w.workload_name();
@@ -94,6 +95,9 @@ impl Report {
                     contender_row(&mut out, name, ceiling);
                 }
                 contender_row(&mut out, name, &w.relay_defaults);
+                if let Some(baseline) = &w.baseline {
+                    contender_row(&mut out, name, &baseline.contender);
+                }
                 contender_row(&mut out, name, &w.relay_best);
                 contender_row(&mut out, name, &w.naive);
                 for per_key in &w.per_key {
@@ -128,6 +132,25 @@ impl Report {
                     w.best_over_ceiling,
                     w.relay_over_naive,
                     w.best_over_naive
+                );
+            }
+            for w in &self.throughput {
+                let Some(b) = &w.baseline else { continue };
+                let (this, base) = (&w.relay_defaults.median_run, &b.contender.median_run);
+                let _ = writeln!(
+                    out,
+                    "\n{}: this relay over the baseline ({}) at defaults, same rounds: {:.3} x msg/s; µs/msg relay {:.2} → {:.2}, postgres {:.2} → {:.2} (backends {:.2} → {:.2}), rabbitmq {:.2} → {:.2} (baseline → this)",
+                    w.workload_name(),
+                    b.binary,
+                    b.relay_over_baseline,
+                    base.cpu_us_per_message.subject,
+                    this.cpu_us_per_message.subject,
+                    base.cpu_us_per_message.postgres,
+                    this.cpu_us_per_message.postgres,
+                    base.cpu_us_per_message.postgres_backends,
+                    this.cpu_us_per_message.postgres_backends,
+                    base.cpu_us_per_message.rabbitmq,
+                    this.cpu_us_per_message.rabbitmq,
                 );
             }
             if self.throughput.iter().any(|w| !w.per_key.is_empty()) {

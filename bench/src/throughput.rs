@@ -87,6 +87,9 @@ pub struct ThroughputOptions {
     /// Connection counts of the AMQP 1.0 ceiling; empty: no AMQP 1.0 contenders. With some,
     /// every round also runs the relay at its defaults over AMQP 1.0 to the same broker.
     pub amqp10_connections: Vec<usize>,
+    /// Another relay binary (a build before a change) measured at its defaults in every round
+    /// right after this one's, on the same table: before/after in one sitting.
+    pub baseline_relay: Option<std::path::PathBuf>,
 }
 
 /// Several runs of one contender.
@@ -135,6 +138,8 @@ pub struct WorkloadResult {
     pub per_key: Vec<PerKeyResult>,
     /// The AMQP 1.0 ceiling and relay on the same broker, when measured.
     pub amqp10: Option<Amqp10Result>,
+    /// The baseline binary at its defaults, when one was given.
+    pub baseline: Option<BaselineResult>,
     pub relay_over_ceiling: f64,
     pub best_over_ceiling: f64,
     pub relay_over_naive: f64,
@@ -148,6 +153,15 @@ pub struct PerKeyResult {
     pub contender: Contender,
     /// Median per-key rate over the median unordered rate at the defaults.
     pub over_unordered: f64,
+}
+
+/// Another build of the relay at its defaults, in the same rounds as this one's.
+#[derive(Debug, Clone, Serialize)]
+pub struct BaselineResult {
+    pub binary: String,
+    pub contender: Contender,
+    /// This build's median rate over the baseline's.
+    pub relay_over_baseline: f64,
 }
 
 /// AMQP 1.0 (RabbitMQ's plugin on the same broker): its ceiling and the relay at its defaults,
@@ -245,13 +259,18 @@ async fn relay_runs(
             until,
         )
         .await?;
+        let us = &m.cpu_us_per_message;
         eprintln!(
-            "  relay {} run {}: {:.0} msg/s, relay CPU {:.1} s, peak RSS {:.1} MiB",
+            "  relay {} run {}: {:.0} msg/s, relay CPU {:.1} s, peak RSS {:.1} MiB; µs/msg relay {:.2}, postgres {:.2} (backends {:.2}), rabbitmq {:.2}",
             settings.label,
             run + 1,
             m.rate,
             m.cpu.subject,
-            m.peak_rss_mib.unwrap_or_default()
+            m.peak_rss_mib.unwrap_or_default(),
+            us.subject,
+            us.postgres,
+            us.postgres_backends,
+            us.rabbitmq
         );
         measured.push(m);
     }
@@ -426,7 +445,113 @@ pub async fn run_workload(
     } else {
         Until::Window(options.window)
     };
-    let outcome = async {
+    let measured = Contenders {
+        env,
+        names,
+        workload,
+        options,
+        payloads: &payloads,
+        until,
+    }
+    .measure(&mut table, &mut keyed_tables)
+    .await;
+    table.drop_table().await?;
+    for keyed in &mut keyed_tables {
+        keyed.drop_table().await?;
+    }
+    let Measured {
+        ceiling_by_connections,
+        relay_defaults,
+        sweep,
+        relay_best,
+        naive,
+        per_key,
+        amqp10,
+        baseline,
+    } = measured?;
+    let ceiling = best_of(&ceiling_by_connections);
+
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let amqp10 = amqp10.map(|(ceiling_by_connections, relay)| {
+        let ceiling = best_of(&ceiling_by_connections);
+        Amqp10Result {
+            relay_over_ceiling: ratio(relay.rate.median, ceiling.rate.median),
+            ceiling_by_connections,
+            ceiling,
+            relay,
+        }
+    });
+    let baseline = baseline.map(|(binary, contender)| BaselineResult {
+        binary,
+        relay_over_baseline: ratio(relay_defaults.rate.median, contender.rate.median),
+        contender,
+    });
+    let per_key = per_key
+        .into_iter()
+        .map(|(keys, contender)| PerKeyResult {
+            keys,
+            over_unordered: ratio(contender.rate.median, relay_defaults.rate.median),
+            contender,
+        })
+        .collect();
+    Ok(WorkloadResult {
+        workload,
+        rows,
+        payload_bytes,
+        relay_over_ceiling: ratio(relay_defaults.rate.median, ceiling.rate.median),
+        best_over_ceiling: ratio(relay_best.rate.median, ceiling.rate.median),
+        relay_over_naive: ratio(relay_defaults.rate.median, naive.rate.median),
+        best_over_naive: ratio(relay_best.rate.median, naive.rate.median),
+        ceiling_by_connections,
+        ceiling,
+        relay_defaults,
+        sweep,
+        relay_best,
+        naive,
+        per_key,
+        amqp10,
+        baseline,
+    })
+}
+
+/// Every contender's runs of one workload, before the ratios.
+struct Measured {
+    ceiling_by_connections: Vec<Contender>,
+    relay_defaults: Contender,
+    sweep: Vec<(String, f64)>,
+    relay_best: Contender,
+    naive: Contender,
+    per_key: Vec<(u64, Contender)>,
+    /// The AMQP 1.0 ceiling by connection count and the relay over AMQP 1.0.
+    amqp10: Option<(Vec<Contender>, Contender)>,
+    /// The other relay build's binary and its runs.
+    baseline: Option<(String, Contender)>,
+}
+
+/// What the contenders of one workload run with.
+struct Contenders<'a> {
+    env: &'a Env,
+    names: &'a RunNames,
+    workload: Workload,
+    options: &'a ThroughputOptions,
+    payloads: &'a Arc<Vec<Vec<u8>>>,
+    until: Until,
+}
+
+impl Contenders<'_> {
+    async fn measure(
+        &self,
+        table: &mut Table,
+        keyed_tables: &mut [Table],
+    ) -> anyhow::Result<Measured> {
+        let Self {
+            env,
+            names,
+            workload,
+            options,
+            payloads,
+            until,
+        } = *self;
         // Rounds: each runs every ceiling connection count once and the relay at its defaults
         // once, so whatever drifts over a long run (the broker's message store, WAL, other
         // load on the machine) weighs on both sides of the ratio alike.
@@ -436,12 +561,17 @@ pub async fn run_workload(
         let mut per_key_runs = vec![Vec::new(); options.per_key.len()];
         let mut amqp10_ceiling_runs = vec![Vec::new(); options.amqp10_connections.len()];
         let mut amqp10_relay_runs = Vec::new();
+        let mut baseline_runs = Vec::new();
+        let baseline_env = options.baseline_relay.as_ref().map(|binary| Env {
+            relay_bin: binary.clone(),
+            ..env.clone()
+        });
         let amqp10_defaults = RelaySettings::amqp10_defaults();
         let ceiling = CeilingRound {
             env,
             names,
             workload,
-            payloads: &payloads,
+            payloads,
             options,
         };
         for round in 1..=options.runs {
@@ -449,7 +579,15 @@ pub async fn run_workload(
             ceiling
                 .run(protocol, &options.connections, &mut ceiling_runs, round)
                 .await?;
-            default_runs.extend(relay_runs(env, names, &mut table, &defaults, 1, until).await?);
+            default_runs.extend(relay_runs(env, names, table, &defaults, 1, until).await?);
+            if let Some(baseline_env) = &baseline_env {
+                let baseline = RelaySettings {
+                    label: "baseline-defaults".into(),
+                    ..defaults.clone()
+                };
+                baseline_runs
+                    .extend(relay_runs(baseline_env, names, table, &baseline, 1, until).await?);
+            }
             for ((runs, keyed), &keys) in per_key_runs
                 .iter_mut()
                 .zip(keyed_tables.iter_mut())
@@ -465,7 +603,7 @@ pub async fn run_workload(
                 .await?;
             if !options.amqp10_connections.is_empty() {
                 amqp10_relay_runs
-                    .extend(relay_runs(env, names, &mut table, &amqp10_defaults, 1, until).await?);
+                    .extend(relay_runs(env, names, table, &amqp10_defaults, 1, until).await?);
             }
         }
         let amqp10 = (!options.amqp10_connections.is_empty()).then(|| {
@@ -493,10 +631,14 @@ pub async fn run_workload(
             .map(|(runs, connections)| Contender::of(format!("ceiling, {connections} conn"), runs))
             .collect();
         let relay_defaults = Contender::of("relay, defaults".into(), default_runs);
+        let baseline = options.baseline_relay.as_ref().map(|binary| {
+            let contender = Contender::of("baseline relay, defaults".into(), baseline_runs);
+            (binary.display().to_string(), contender)
+        });
         let mut sweep = vec![(defaults.label.clone(), relay_defaults.rate.median)];
         let mut best = (defaults.clone(), relay_defaults.rate.median);
         for settings in &options.sweep {
-            let runs = relay_runs(env, names, &mut table, settings, 1, until).await?;
+            let runs = relay_runs(env, names, table, settings, 1, until).await?;
             let rate = runs[0].rate;
             sweep.push((settings.label.clone(), rate));
             if rate > best.1 {
@@ -511,14 +653,14 @@ pub async fn run_workload(
         } else {
             Contender::of(
                 format!("relay, best ({})", best.0.label),
-                relay_runs(env, names, &mut table, &best.0, options.runs, until).await?,
+                relay_runs(env, names, table, &best.0, options.runs, until).await?,
             )
         };
         let naive = Contender::of(
             "naive".into(),
-            naive_runs(env, names, &mut table, options).await?,
+            naive_runs(env, names, table, options).await?,
         );
-        anyhow::Ok((
+        Ok(Measured {
             ceiling_by_connections,
             relay_defaults,
             sweep,
@@ -526,52 +668,9 @@ pub async fn run_workload(
             naive,
             per_key,
             amqp10,
-        ))
-    }
-    .await;
-    table.drop_table().await?;
-    for keyed in &mut keyed_tables {
-        keyed.drop_table().await?;
-    }
-    let (ceiling_by_connections, relay_defaults, sweep, relay_best, naive, per_key, amqp10) =
-        outcome?;
-    let ceiling = best_of(&ceiling_by_connections);
-
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-    let amqp10 = amqp10.map(|(ceiling_by_connections, relay)| {
-        let ceiling = best_of(&ceiling_by_connections);
-        Amqp10Result {
-            relay_over_ceiling: ratio(relay.rate.median, ceiling.rate.median),
-            ceiling_by_connections,
-            ceiling,
-            relay,
-        }
-    });
-    let per_key = per_key
-        .into_iter()
-        .map(|(keys, contender)| PerKeyResult {
-            keys,
-            over_unordered: ratio(contender.rate.median, relay_defaults.rate.median),
-            contender,
+            baseline,
         })
-        .collect();
-    Ok(WorkloadResult {
-        workload,
-        rows,
-        payload_bytes,
-        relay_over_ceiling: ratio(relay_defaults.rate.median, ceiling.rate.median),
-        best_over_ceiling: ratio(relay_best.rate.median, ceiling.rate.median),
-        relay_over_naive: ratio(relay_defaults.rate.median, naive.rate.median),
-        best_over_naive: ratio(relay_best.rate.median, naive.rate.median),
-        ceiling_by_connections,
-        ceiling,
-        relay_defaults,
-        sweep,
-        relay_best,
-        naive,
-        per_key,
-        amqp10,
-    })
+    }
 }
 
 /// The contender with the highest median: the ceiling over the connection counts tried.
