@@ -10,8 +10,11 @@
 //! link or connection error is an outage.
 
 use std::fmt::Display;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fe2o3_amqp::link::delivery::DeliveryFut;
 use fe2o3_amqp::link::{SendError, SenderAttachError};
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition, SenderSettleMode};
@@ -21,8 +24,7 @@ use fe2o3_amqp::types::messaging::{
 };
 use fe2o3_amqp::types::primitives::{Array, Binary, SimpleValue, Symbol, Timestamp};
 use fe2o3_amqp::{Sendable, Sender, Session};
-use std::sync::Arc;
-
+use futures::future::FusedFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 
@@ -151,91 +153,14 @@ impl Amqp10Publisher {
         } = self;
         let closed = connection.on_close().fuse();
         tokio::pin!(closed);
-        let mut broken = None;
-        let mut pending = Vec::with_capacity(messages.len());
-        for message in messages {
-            let sendable = Sendable::from(amqp_message(settings, message));
-            // Waits for link credit when the broker grants less than a batch: flow control,
-            // bounded by the same deadline as the confirms.
-            tokio::select! {
-                sent = tokio::time::timeout_at(deadline, sender.send_batchable(sendable)) => match sent {
-                    Ok(Ok(delivery)) => pending.push(delivery),
-                    Ok(Err(e)) => {
-                        broken = Some(BrokerFailure::Publish(Arc::new(e)));
-                        break;
-                    }
-                    Err(_) => {
-                        broken = Some(BrokerFailure::ConfirmTimeout(settings.timeout));
-                        break;
-                    }
-                },
-                end = &mut closed => {
-                    broken = Some(BrokerFailure::Publish(connection_lost(end)));
-                    break;
-                }
-            }
-        }
+        let (pending, mut broken) =
+            send_all(sender, settings, messages, deadline, closed.as_mut()).await;
         let publish_time = started.elapsed();
-        let sent = pending.len();
-        let mut outcomes: Vec<Option<Delivery>> = vec![None; sent];
-        let mut waiting: FuturesUnordered<_> = pending
-            .into_iter()
-            .enumerate()
-            .map(|(index, delivery)| delivery.map(move |outcome| (index, outcome)))
-            .collect();
-        let expired = tokio::time::sleep_until(deadline);
-        tokio::pin!(expired);
-        while broken.is_none() {
-            tokio::select! {
-                next = waiting.next() => match next {
-                    Some((index, outcome)) => outcomes[index] = Some(delivery_of(outcome)),
-                    None => break,
-                },
-                end = &mut closed => {
-                    broken = Some(BrokerFailure::Confirm(connection_lost(end)));
-                }
-                () = &mut expired => {
-                    // A late disposition on this link would be ambiguous: the link is replaced.
-                    broken = Some(BrokerFailure::ConfirmTimeout(settings.timeout));
-                }
-            }
-        }
-        // What had arrived when the wait ended still counts; the rest is unknown.
-        while let Some(Some((index, outcome))) = waiting.next().now_or_never() {
-            outcomes[index] = Some(delivery_of(outcome));
-        }
+        let outcomes =
+            await_outcomes(pending, deadline, settings.timeout, closed, &mut broken).await;
         let timed_out = matches!(broken, Some(BrokerFailure::ConfirmTimeout(_)));
-        let mut released = 0;
-        let mut deliveries: Vec<Delivery> = outcomes
-            .into_iter()
-            .map(|outcome| match outcome {
-                Some(delivery) => delivery,
-                None if timed_out => Delivery::Unknown(Unconfirmed::Timeout),
-                None => Delivery::Unknown(Unconfirmed::BrokerUnavailable),
-            })
-            .inspect(|delivery| {
-                if *delivery == Delivery::Unknown(Unconfirmed::Released) {
-                    released += 1;
-                }
-            })
-            .collect();
-        if broken.is_none()
-            && deliveries.iter().any(|delivery| {
-                matches!(delivery, Delivery::Unknown(Unconfirmed::BrokerUnavailable))
-            })
-        {
-            broken = Some(BrokerFailure::Confirm(Arc::new(std::io::Error::other(
-                "the link failed while awaiting outcomes",
-            ))));
-        }
-        // Messages never handed over (the send failed or timed out first).
-        deliveries.resize(
-            messages.len(),
-            Delivery::Unknown(Unconfirmed::BrokerUnavailable),
-        );
-        if released > 0 {
-            broken.get_or_insert(BrokerFailure::Released(released));
-        }
+        let (deliveries, failure) = deliveries_of(outcomes, messages.len(), timed_out);
+        let broken = broken.or(failure);
         *failed |= broken.is_some();
         BatchOutcome {
             deliveries,
@@ -243,6 +168,120 @@ impl Amqp10Publisher {
             publish_time,
         }
     }
+}
+
+/// The end of a connection's event loop, as `on_close` reports it.
+type ConnectionEnd = Result<(), fe2o3_amqp::connection::Error>;
+
+/// A handed-over message's disposition, to come.
+type PendingOutcome = DeliveryFut<Result<Outcome, SendError>>;
+
+/// Hands every message to the link unsettled, in order, until one cannot be: the link failed,
+/// the connection closed, or `deadline` passed while waiting for link credit (flow control).
+/// Returns each handed-over message's pending disposition, and why the sending stopped early.
+async fn send_all(
+    sender: &mut Sender,
+    settings: &Amqp10Settings,
+    messages: &[Message<'_>],
+    deadline: tokio::time::Instant,
+    mut closed: Pin<&mut impl FusedFuture<Output = ConnectionEnd>>,
+) -> (Vec<PendingOutcome>, Option<BrokerFailure>) {
+    let mut pending = Vec::with_capacity(messages.len());
+    for message in messages {
+        let sendable = Sendable::from(amqp_message(settings, message));
+        let stopped = tokio::select! {
+            sent = tokio::time::timeout_at(deadline, sender.send_batchable(sendable)) => match sent {
+                Ok(Ok(delivery)) => {
+                    pending.push(delivery);
+                    continue;
+                }
+                Ok(Err(e)) => BrokerFailure::Publish(Arc::new(e)),
+                Err(_) => BrokerFailure::ConfirmTimeout(settings.timeout),
+            },
+            end = &mut closed => BrokerFailure::Publish(connection_lost(end)),
+        };
+        return (pending, Some(stopped));
+    }
+    (pending, None)
+}
+
+/// Awaits the dispositions until all arrived, `deadline` (`timeout` after the start) passes or the connection closes (then
+/// `broken` says which); keeps every one that had arrived by then, in message order. Does not
+/// wait at all when `broken` is already set.
+async fn await_outcomes(
+    pending: Vec<PendingOutcome>,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    mut closed: Pin<&mut impl FusedFuture<Output = ConnectionEnd>>,
+    broken: &mut Option<BrokerFailure>,
+) -> Vec<Option<Result<Outcome, SendError>>> {
+    let mut outcomes: Vec<Option<_>> = std::iter::repeat_with(|| None)
+        .take(pending.len())
+        .collect();
+    let mut waiting: FuturesUnordered<_> = pending
+        .into_iter()
+        .enumerate()
+        .map(|(index, delivery)| delivery.map(move |outcome| (index, outcome)))
+        .collect();
+    let expired = tokio::time::sleep_until(deadline);
+    tokio::pin!(expired);
+    while broken.is_none() {
+        tokio::select! {
+            next = waiting.next() => match next {
+                Some((index, outcome)) => outcomes[index] = Some(outcome),
+                None => break,
+            },
+            end = &mut closed => {
+                *broken = Some(BrokerFailure::Confirm(connection_lost(end)));
+            }
+            () = &mut expired => {
+                // A late disposition on this link would be ambiguous: the link is replaced.
+                *broken = Some(BrokerFailure::ConfirmTimeout(timeout));
+            }
+        }
+    }
+    // What had arrived when the wait ended still counts; the rest is unknown.
+    while let Some(Some((index, outcome))) = waiting.next().now_or_never() {
+        outcomes[index] = Some(outcome);
+    }
+    outcomes
+}
+
+/// Every message's delivery, from the dispositions that arrived (in message order; `outcomes`
+/// may be shorter than the batch when sending stopped early), and the failure they show by
+/// themselves: a link that failed while awaiting them, or messages the broker released.
+/// A missing disposition is a timeout when the wait `timed_out`, otherwise an outage.
+fn deliveries_of(
+    outcomes: Vec<Option<Result<Outcome, SendError>>>,
+    batch: usize,
+    timed_out: bool,
+) -> (Vec<Delivery>, Option<BrokerFailure>) {
+    let missing = if timed_out {
+        Unconfirmed::Timeout
+    } else {
+        Unconfirmed::BrokerUnavailable
+    };
+    let mut deliveries: Vec<Delivery> = outcomes
+        .into_iter()
+        .map(|outcome| outcome.map_or(Delivery::Unknown(missing), delivery_of))
+        .collect();
+    let link_failed = deliveries.contains(&Delivery::Unknown(Unconfirmed::BrokerUnavailable));
+    let released = deliveries
+        .iter()
+        .filter(|delivery| **delivery == Delivery::Unknown(Unconfirmed::Released))
+        .count();
+    // Messages never handed over (the send failed or timed out first).
+    deliveries.resize(batch, Delivery::Unknown(Unconfirmed::BrokerUnavailable));
+    let failure = if link_failed {
+        Some(BrokerFailure::Confirm(Arc::new(std::io::Error::other(
+            "the link failed while awaiting outcomes",
+        ))))
+    } else if released > 0 {
+        Some(BrokerFailure::Released(released))
+    } else {
+        None
+    };
+    (deliveries, failure)
 }
 
 /// Why the connection's event loop stopped, for the log: the transport's error when it had one.
@@ -413,6 +452,43 @@ mod tests {
             delivery_of(Err(SendError::IllegalDeliveryState)),
             Delivery::Unknown(Unconfirmed::BrokerUnavailable)
         );
+    }
+
+    #[test]
+    fn a_batch_cut_short_is_settled_by_what_arrived() {
+        use fe2o3_amqp::types::messaging::{Accepted, Released};
+        let accepted = || Some(Ok(Outcome::Accepted(Accepted {})));
+        let unavailable = Delivery::Unknown(Unconfirmed::BrokerUnavailable);
+
+        // Everything arrived: nothing failed.
+        let (deliveries, failure) = deliveries_of(vec![accepted(), accepted()], 2, false);
+        assert_eq!(deliveries, [Delivery::Confirmed, Delivery::Confirmed]);
+        assert!(failure.is_none());
+
+        // The wait timed out after the first disposition; the third message was never sent.
+        let (deliveries, _) = deliveries_of(vec![accepted(), None], 3, true);
+        assert_eq!(
+            deliveries,
+            [
+                Delivery::Confirmed,
+                Delivery::Unknown(Unconfirmed::Timeout),
+                unavailable.clone(),
+            ]
+        );
+
+        // A disposition failed with the link: an outage, even though the wait itself ended well.
+        let (deliveries, failure) = deliveries_of(
+            vec![accepted(), Some(Err(SendError::IllegalDeliveryState))],
+            2,
+            false,
+        );
+        assert_eq!(deliveries, [Delivery::Confirmed, unavailable]);
+        assert!(matches!(failure, Some(BrokerFailure::Confirm(_))));
+
+        // Released messages are counted, so the worker backs off.
+        let released = || Some(Ok(Outcome::Released(Released {})));
+        let (_, failure) = deliveries_of(vec![released(), accepted(), released()], 3, false);
+        assert!(matches!(failure, Some(BrokerFailure::Released(2))));
     }
 
     #[test]
