@@ -1,0 +1,28 @@
+//! The tests that need only what `scripts/services.sh` starts (PostgreSQL, RabbitMQ, ActiveMQ
+//! Artemis) and the image tools (buildah, umoci, runc): relay processes, the CLI, the table
+//! protocol, both brokers, the image. One test binary for all of them: each file as its own
+//! crate compiled tokio, sqlx and lapin's generic code again and linked a binary of its own,
+//! minutes of CI on two cores. Every test still uses its own table, exchanges and queues, so
+//! they run side by side (`--test-threads`).
+//!
+//! The tests that start a Kubernetes control plane are separate binaries (`tests/tests/*.rs`):
+//! each binary shares one control plane among its tests.
+
+mod amqp10_delivery;
+mod bad_input;
+mod chaos_tool;
+mod claim_seek;
+mod cli;
+mod exchange_not_found;
+mod hostile_rows;
+mod identifiers;
+mod image;
+mod metrics_port;
+mod migration;
+mod per_key_ordering;
+mod publish_slots;
+mod relay_delivery;
+mod relay_faults;
+mod reports;
+mod settling_claim;
+mod table_health;
