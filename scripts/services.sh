@@ -93,6 +93,121 @@ configure_postgres() {
   fi
 }
 
+# TLS and real authentication, set up the way managed services are (beside the trust roles most
+# tests use): a test CA under $tls_dir signs the servers' certificates (IP 127.0.0.1 only, so
+# `localhost` is a wrong host name) and a client certificate for the certificate-login role.
+# Bumped when setup_tls or configure_postgres_tls changes, so both are made again.
+TLS_VERSION=1
+tls_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/tls"
+PG_TLS_ONLY_PASSWORD='p@ss:w/rd %?&#tls'  # every character a URL must percent-encode
+PG_MD5_PASSWORD='md5-Pw/with:colon'
+PLAIN_PG_PORT=5433 # a second cluster without TLS: "TLS required, server has none"
+
+setup_tls() {
+  [ "$(cat "$tls_dir/.version" 2>/dev/null)" = "$TLS_VERSION" ] && return 0
+  echo "making the test CA and certificates in $tls_dir"
+  rm -rf "$tls_dir" && mkdir -p "$tls_dir"
+  local d=$tls_dir
+  if ! {
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=outbox-relay-test-ca \
+      -keyout "$d/ca.key" -out "$d/ca.pem" &&
+      # A second CA that signed nothing the servers use: "certificate not trusted".
+      openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=outbox-relay-other-ca \
+        -keyout "$d/other-ca.key" -out "$d/other-ca.pem" &&
+      openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout "$d/server.key" -out "$d/server.csr" &&
+      openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
+        -extfile <(printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n') -out "$d/server.pem" &&
+      # The client certificate of the certificate-login role: its CN is the role's name.
+      openssl req -newkey rsa:2048 -nodes -subj /CN=outbox_cert -keyout "$d/client.key" -out "$d/client.csr" &&
+      openssl x509 -req -in "$d/client.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
+        -extfile <(printf 'extendedKeyUsage=clientAuth\n') -out "$d/client.pem" &&
+      # A key that belongs to no certificate here: "sslkey does not match sslcert".
+      openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$d/stray.key"
+  } >"$d/openssl.log" 2>&1; then
+    tail -n 20 "$d/openssl.log" >&2
+    echo "could not make the test certificates (log: $d/openssl.log)" >&2; exit 1
+  fi
+  chmod 600 "$d"/*.key
+  echo "$TLS_VERSION" >"$d/.version"
+}
+
+# psql as postgres over the local socket of the main cluster.
+pg_admin() { as_root su postgres -c "psql -v ON_ERROR_STOP=1 -Atq $(printf '%q ' "$@")"; }
+
+configure_postgres_tls() {
+  local conf_dir server_dir="/var/lib/postgresql/outbox-relay-tls"
+  conf_dir=$(dirname "$(pg_admin -c 'show config_file')")
+  if [ "$(as_root cat "$server_dir/.version" 2>/dev/null)" != "$TLS_VERSION" ]; then
+    echo "PostgreSQL: TLS with the test CA, TLS-only SCRAM and md5 roles, a certificate-login role"
+    as_root mkdir -p "$server_dir"
+    as_root cp "$tls_dir/server.pem" "$tls_dir/server.key" "$tls_dir/ca.pem" "$server_dir/"
+    as_root chown -R postgres:postgres "$server_dir"
+    as_root chmod 600 "$server_dir/server.key"
+    printf '%s\n' "ssl = on" "ssl_cert_file = '$server_dir/server.pem'" "ssl_key_file = '$server_dir/server.key'" \
+      "ssl_ca_file = '$server_dir/ca.pem'" | as_root tee "$conf_dir/conf.d/outbox-relay-tls.conf" >/dev/null
+    local hba
+    hba=$(pg_admin -c 'show hba_file')
+    as_root sed -i '/# outbox-relay tls$/d' "$hba"
+    # Before the trust lines: members of outbox_tls_only are refused without TLS; over TLS the
+    # certificate role logs in by certificate, outbox_md5 with md5, the others with SCRAM.
+    local rules="" net
+    for net in 127.0.0.1/32 ::1/128; do
+      rules+="hostnossl all +outbox_tls_only $net reject # outbox-relay tls\n"
+      rules+="hostssl all outbox_cert $net cert # outbox-relay tls\n"
+      rules+="hostssl all outbox_md5 $net md5 # outbox-relay tls\n"
+      rules+="hostssl all +outbox_tls_only $net scram-sha-256 # outbox-relay tls\n"
+    done
+    as_root sed -i "1i ${rules%\\n}" "$hba"
+    pg_admin -c 'select pg_reload_conf()' >/dev/null
+    echo "$TLS_VERSION" | as_root tee "$server_dir/.version" >/dev/null
+  fi
+  # Roles (idempotent). Tests make roles of their own in outbox_tls_only (e.g. to rotate a
+  # password) and own the schemas they create; the database lets them create schemas.
+  [ "$(pg_admin -c "select count(*) from pg_roles where rolname in
+      ('outbox_tls_only', 'outbox_scram', 'outbox_md5', 'outbox_cert')")" = 4 ] && return 0
+  pg_admin -d test -v scram="$PG_TLS_ONLY_PASSWORD" -v md5="$PG_MD5_PASSWORD" <<'SQL' >/dev/null
+select not exists (select 1 from pg_roles where rolname = 'outbox_tls_only') as missing \gset
+\if :missing
+create role outbox_tls_only nologin createrole;
+\endif
+select not exists (select 1 from pg_roles where rolname = 'outbox_scram') as missing \gset
+\if :missing
+create role outbox_scram login in role outbox_tls_only;
+\endif
+select not exists (select 1 from pg_roles where rolname = 'outbox_md5') as missing \gset
+\if :missing
+create role outbox_md5 login in role outbox_tls_only;
+\endif
+select not exists (select 1 from pg_roles where rolname = 'outbox_cert') as missing \gset
+\if :missing
+create role outbox_cert login in role outbox_tls_only;
+\endif
+set password_encryption = 'scram-sha-256';
+alter role outbox_scram password :'scram';
+set password_encryption = 'md5';
+alter role outbox_md5 password :'md5';
+grant create, connect on database test to outbox_tls_only;
+SQL
+}
+
+# A cluster that offers no TLS at all, for "sslmode=require against a server without TLS".
+start_plain_postgres() {
+  pg_isready -q -h "$PGHOST" -p "$PLAIN_PG_PORT" 2>/dev/null && return 0
+  local version
+  # shellcheck disable=SC2012 # the cluster versions are plain numbers
+  version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n1)
+  if [ ! -d "/etc/postgresql/$version/notls" ]; then
+    echo "creating PostgreSQL cluster notls (no TLS) on port $PLAIN_PG_PORT"
+    as_root pg_createcluster "$version" notls --port "$PLAIN_PG_PORT" -- --auth-host=trust --auth-local=peer >/dev/null
+    printf '%s\n' "ssl = off" "shared_buffers = 16MB" "max_connections = 20" \
+      | as_root tee "/etc/postgresql/$version/notls/conf.d/outbox-relay.conf" >/dev/null
+  fi
+  as_root pg_ctlcluster --skip-systemctl-redirect "$version" notls start 2>/dev/null \
+    || as_root pg_ctlcluster "$version" notls start
+  for _ in $(seq 1 30); do pg_isready -q -h "$PGHOST" -p "$PLAIN_PG_PORT" && return 0; sleep 1; done
+  echo "PostgreSQL cluster notls did not start on port $PLAIN_PG_PORT" >&2; exit 1
+}
+
 start_rabbitmq() {
   rabbit_up && return 0
   # Enabled before the start (offline: no node to talk to yet), the plugin comes up with the node.
@@ -101,6 +216,52 @@ start_rabbitmq() {
   as_root rabbitmq-server -detached
   for _ in $(seq 1 60); do rabbit_up && { sleep 1; return 0; }; sleep 1; done
   echo "RabbitMQ did not start" >&2; exit 1
+}
+
+rabbit_tls_up() { (exec 3<>/dev/tcp/127.0.0.1/5671) 2>/dev/null; }
+
+# AMQPS on 5671 beside the plain 5672: the test CA's server certificate, peers verified when
+# they present a certificate, and login by certificate (EXTERNAL, the certificate's CN as the
+# user name) through rabbitmq_auth_mechanism_ssl, for the user outbox_cert.
+configure_rabbitmq_tls() {
+  local dir=/etc/rabbitmq/outbox-relay-tls conf=/etc/rabbitmq/rabbitmq.conf
+  if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ] || ! as_root grep -q "outbox-relay tls" "$conf" 2>/dev/null; then
+    echo "RabbitMQ: AMQPS on 5671 with the test CA, certificate login (EXTERNAL)"
+    as_root mkdir -p "$dir"
+    as_root cp "$tls_dir/server.pem" "$tls_dir/server.key" "$tls_dir/ca.pem" "$dir/"
+    as_root chown -R rabbitmq:rabbitmq "$dir" 2>/dev/null || true
+    as_root chmod 640 "$dir/server.key"
+    printf '%s\n' "# outbox-relay tls (scripts/services.sh)" \
+      "listeners.tcp.default = 5672" \
+      "listeners.ssl.default = 5671" \
+      "ssl_options.cacertfile = $dir/ca.pem" \
+      "ssl_options.certfile = $dir/server.pem" \
+      "ssl_options.keyfile = $dir/server.key" \
+      "ssl_options.verify = verify_peer" \
+      "ssl_options.fail_if_no_peer_cert = false" \
+      "ssl_cert_login_from = common_name" \
+      "auth_mechanisms.1 = PLAIN" \
+      "auth_mechanisms.2 = AMQPLAIN" \
+      "auth_mechanisms.3 = EXTERNAL" | as_root tee "$conf" >/dev/null
+    as_root rabbitmq-plugins -q --offline enable rabbitmq_auth_mechanism_ssl >/dev/null
+    echo "$TLS_VERSION" | as_root tee "$dir/.version" >/dev/null
+    if rabbit_up; then
+      echo "restarting RabbitMQ for its TLS listener"
+      as_root rabbitmqctl -q stop >/dev/null 2>&1 || true
+      for _ in $(seq 1 30); do rabbit_up || break; sleep 1; done
+    fi
+  fi
+}
+
+# After the node is up: the certificate-login user (no password: only EXTERNAL lets it in).
+configure_rabbitmq_users() {
+  if ! as_root rabbitmqctl -q list_users 2>/dev/null | grep -q '^outbox_cert\b'; then
+    as_root rabbitmqctl -q add_user outbox_cert "$(head -c 24 /dev/urandom | base64)" >/dev/null
+    as_root rabbitmqctl -q clear_password outbox_cert >/dev/null
+    as_root rabbitmqctl -q set_permissions -p / outbox_cert '.*' '.*' '.*' >/dev/null
+  fi
+  for _ in $(seq 1 30); do rabbit_tls_up && return 0; sleep 1; done
+  echo "RabbitMQ does not listen for AMQPS on 127.0.0.1:5671 (see /etc/rabbitmq/rabbitmq.conf)" >&2; exit 1
 }
 
 enable_rabbitmq_amqp10() {
@@ -313,12 +474,25 @@ case "${1:-}" in
   *) echo "usage: $0 [stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill]]" >&2; exit 2 ;;
 esac
 
+# One set-up at a time: tests run `make cluster` (and so this script) side by side, and two
+# runs altering the same roles at once fail with "tuple concurrently updated".
+mkdir -p "${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}"
+exec 9>"${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/services.lock"
+flock 9
+
 if ! pg_up || ! rabbit_up || ! artemis_up || ! artemis_current; then install_missing; fi
 start_postgres
 configure_postgres
+setup_tls
+configure_postgres_tls
+start_plain_postgres
+configure_rabbitmq_tls
 start_rabbitmq
+configure_rabbitmq_users
 enable_rabbitmq_amqp10
 start_artemis
-echo "services: PostgreSQL on $PGHOST:5432, RabbitMQ on 127.0.0.1:5672 (AMQP 0-9-1 and 1.0)," \
+echo "services: PostgreSQL on $PGHOST:5432 (TLS with CA $tls_dir/ca.pem; TLS-only roles outbox_scram," \
+  "outbox_md5, outbox_cert), PostgreSQL without TLS on $PGHOST:$PLAIN_PG_PORT, RabbitMQ on 127.0.0.1:5672 (AMQP 0-9-1 and 1.0)" \
+  "and 5671 (AMQPS; certificate login for outbox_cert)," \
   "ActiveMQ Artemis $ARTEMIS_VERSION on 127.0.0.1:$ARTEMIS_PORT (AMQP 1.0; on :$ARTEMIS_MODIFIED_PORT a full address answers modified;" \
   "on :$ARTEMIS_TLS_PORT TLS, CA $artemis_ca) are up"

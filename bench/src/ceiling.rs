@@ -83,6 +83,8 @@ async fn publish_amqp10_until_stopped(
         timeout: Duration::from_secs(10),
         content_type: "application/json".into(),
         container_id: format!("outbox-bench ceiling {}", Uuid::now_v7()),
+        tls: Default::default(),
+        password_file: None,
     };
     let mut publisher = Amqp10Publisher::connect(&url, settings)
         .await

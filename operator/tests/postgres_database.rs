@@ -22,8 +22,17 @@ fn database_url() -> String {
 
 /// The local server with [`CANARY`] as the password (trust authentication ignores it).
 fn url_with_canary() -> SecretUrl {
-    let url = database_url().replacen("postgres@", &format!("postgres:{CANARY}@"), 1);
-    SecretUrl::parse(&url, UrlKind::Postgres).unwrap()
+    let mut url = url::Url::parse(&database_url()).expect("DATABASE_URL is a URL");
+    url.set_password(Some(CANARY)).expect("a URL with a host");
+    SecretUrl::parse(url.as_str(), UrlKind::Postgres).unwrap()
+}
+
+/// `DATABASE_URL` with `database` in place of its database, whatever that is named; its user,
+/// host and parameters kept.
+fn url_of_database(database: &str) -> String {
+    let mut url = url::Url::parse(&database_url()).expect("DATABASE_URL is a URL");
+    url.set_path(&format!("/{database}"));
+    url.to_string()
 }
 
 async fn connect() -> PgConnection {
@@ -47,8 +56,9 @@ async fn execute(sql: String) {
 }
 
 /// A fresh outbox table with the reference columns, in its own schema, so its report table
-/// is its own too. Returns the schema-qualified name.
-async fn create_outbox_table() -> String {
+/// is its own too. Derefs to the schema-qualified name; dropping it drops the schema, so the
+/// database `DATABASE_URL` names is left as it was found, even when the test fails.
+async fn create_outbox_table() -> OwnTable {
     let schema = format!("s_{}", uuid::Uuid::new_v4().simple());
     execute(format!(
         "CREATE SCHEMA {schema}; CREATE TABLE {schema}.outbox (id uuid PRIMARY KEY, \
@@ -56,7 +66,46 @@ async fn create_outbox_table() -> String {
          processed_on_utc timestamptz NULL, error text NULL)"
     ))
     .await;
-    format!("{schema}.outbox")
+    OwnTable {
+        name: format!("{schema}.outbox"),
+        schema,
+    }
+}
+
+struct OwnTable {
+    name: String,
+    schema: String,
+}
+
+impl std::ops::Deref for OwnTable {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for OwnTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl Drop for OwnTable {
+    fn drop(&mut self) {
+        // Drop runs inside the test's runtime, which cannot block on itself: a thread of its own.
+        let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema);
+        let dropped = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(execute(sql));
+        })
+        .join();
+        if dropped.is_err() && !std::thread::panicking() {
+            panic!("could not drop the test's schema {}", self.schema);
+        }
+    }
 }
 
 fn plan_for(table: &str) -> RelayPlan {
@@ -256,7 +305,7 @@ async fn at_zero_pods_the_backlog_is_counted() {
 async fn at_zero_pods_an_open_snapshot_is_the_horizon_with_its_holder() {
     let database = format!("horizon_{}", uuid::Uuid::new_v4().simple());
     execute(format!("CREATE DATABASE {database}")).await;
-    let url = database_url().replacen("/test", &format!("/{database}"), 1);
+    let url = url_of_database(&database);
     let mut holder = PgConnection::connect(&url).await.unwrap();
     let table = "public.outbox";
     execute_on(

@@ -8,6 +8,7 @@
 //!
 //! - [`defaults`]: every default value and limit of the relay's options, in one place;
 //! - [`secret_url`] and [`metrics`]: leaves shared by everything above;
+//! - [`database`]: opening connections (TLS as libpq means it, password files, clear failures);
 //! - [`table`]: identifiers, the table's shape, its SQL, the migration and the lag reports;
 //! - [`broker`]: the publisher trait (publish a batch, await its confirms) and its AMQP 0-9-1
 //!   implementation;
@@ -21,6 +22,8 @@
 pub mod defaults;
 pub mod metrics;
 pub mod secret_url;
+
+pub mod database;
 
 pub mod table;
 

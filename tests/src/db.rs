@@ -108,7 +108,7 @@ pub async fn wait_until_drained_in(
 /// [`PrivateDatabase::drop_now`] (with FORCE, so sessions left open do not keep it).
 pub struct PrivateDatabase {
     pub name: String,
-    /// The test server's URL with this database in place of `test`.
+    /// The test server's URL with this database in place of the one `DATABASE_URL` names.
     pub url: String,
 }
 
@@ -116,17 +116,16 @@ impl PrivateDatabase {
     pub async fn create(prefix: &str) -> Self {
         let name = crate::unique(prefix);
         exec(&mut connect().await, &format!("CREATE DATABASE {name}")).await;
-        let base = crate::database_url();
-        let (server, _) = base.rsplit_once('/').expect("a database URL ends in /NAME");
-        let url = format!("{server}/{name}");
+        let url = crate::database_url_of(&name);
         Self { name, url }
     }
 
     /// This URL with `user` in place of the test's own role (trust authentication here).
     pub fn url_as(&self, user: &str) -> String {
-        let (scheme, rest) = self.url.split_once("://").expect("a URL");
-        let (_, host) = rest.split_once('@').expect("a user in the test URL");
-        format!("{scheme}://{user}@{host}")
+        let mut url = url::Url::parse(&self.url).expect("a URL");
+        url.set_username(user).expect("a URL with a host");
+        url.set_password(None).expect("a URL with a host");
+        url.to_string()
     }
 
     pub async fn connect(&self) -> PgConnection {

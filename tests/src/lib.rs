@@ -18,6 +18,7 @@ pub mod process;
 pub mod proxy;
 pub mod scaling_recorder;
 pub mod timeline;
+pub mod tls;
 pub mod wait;
 
 /// The repository's root folder (this crate sits in `tests/`).
@@ -36,6 +37,14 @@ pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DATABASE_URL.to_string())
+}
+
+/// `DATABASE_URL` with `database` in place of the database it names (whatever that is called),
+/// its user, host and parameters kept: parsed, never replaced as text.
+pub fn database_url_of(database: &str) -> String {
+    let mut url = url::Url::parse(&database_url()).expect("DATABASE_URL is a URL");
+    url.set_path(&format!("/{database}"));
+    url.to_string()
 }
 
 pub fn amqp_url() -> String {

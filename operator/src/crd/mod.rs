@@ -4,16 +4,13 @@
 //! reads like a manual. Defaults live in `#[serde(default = ...)]` so that they show up in the
 //! schema (the API server fills them in) and in Rust (tests and old objects get the same values).
 
-mod generate;
-pub use generate::crd_yaml;
-
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Affinity, LocalObjectReference, ResourceRequirements, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{CustomResource, KubeSchema};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +24,14 @@ pub const IDENT_PATTERN: &str = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$";
 pub const TABLE_PATTERN: &str = r"^([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,62}$";
 /// Durations as Go and Kubernetes users write them: `200ms`, `10s`, `5m`, `168h`, `1h30m`.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
+
+/// The CustomResourceDefinition generated from the Rust types, as one YAML document: what
+/// `outbox-operator crd` prints and what `crds/outboxrelays.yaml` holds. It sat in a child
+/// module, which needed `OutboxRelay` from here while this module re-exported its function: an
+/// import circle (tests/tests/imports.rs).
+pub fn crd_yaml() -> String {
+    serde_yaml::to_string(&OutboxRelay::crd()).expect("a CRD always serializes to YAML")
+}
 
 /// Desired state of an outbox relay: where the outbox table is, where messages go, how the
 /// relay pods run and how many of them there are.

@@ -23,6 +23,13 @@ pub enum Error {
     /// The message is already redacted: it never carries the URL's password.
     #[error("cannot connect to the database: {0}")]
     DatabaseUnreachable(String),
+    /// The database refused the operator for a reason someone must fix: TLS (`DatabaseTLS`),
+    /// the login (`DatabaseAuth`) or a setting (`DatabaseSettings`). Already redacted.
+    #[error("cannot connect to the database: {message}")]
+    DatabaseRefused {
+        reason: &'static str,
+        message: String,
+    },
     /// The message is already redacted.
     #[error("migration failed: {0}")]
     MigrationFailed(String),
@@ -53,6 +60,7 @@ impl Error {
             Error::ReadSecret(_) => "read_secret",
             Error::InvalidSpec(_) => "invalid_spec",
             Error::DatabaseUnreachable(_) => "database_unreachable",
+            Error::DatabaseRefused { .. } => "database_refused",
             Error::MigrationFailed(_) => "migration_failed",
             Error::IdNotUnique(_) => "id_not_unique",
             Error::ObserveLag(_) => "observe_lag",
@@ -73,6 +81,7 @@ impl Error {
             Error::SecretValueInvalid { .. } => Some("SecretValueInvalid"),
             Error::InvalidSpec(_) => Some("InvalidSpec"),
             Error::DatabaseUnreachable(_) => Some("DatabaseUnreachable"),
+            Error::DatabaseRefused { reason, .. } => Some(reason),
             Error::MigrationFailed(_) => Some("MigrationFailed"),
             Error::IdNotUnique(_) => Some("IdNotUnique"),
             Error::ObserveLag(_) => Some("LagUnavailable"),
@@ -95,7 +104,10 @@ impl Error {
     pub fn concerns_the_index(&self) -> bool {
         matches!(
             self,
-            Error::DatabaseUnreachable(_) | Error::MigrationFailed(_) | Error::IdNotUnique(_)
+            Error::DatabaseUnreachable(_)
+                | Error::DatabaseRefused { .. }
+                | Error::MigrationFailed(_)
+                | Error::IdNotUnique(_)
         )
     }
 }
@@ -119,6 +131,10 @@ mod tests {
             },
             Error::InvalidSpec(SpecErrors(vec![])),
             Error::DatabaseUnreachable("refused".into()),
+            Error::DatabaseRefused {
+                reason: "DatabaseTLS",
+                message: "the server's certificate is not trusted".into(),
+            },
             Error::MigrationFailed("table missing".into()),
             Error::IdNotUnique("column id has no primary key".into()),
         ];

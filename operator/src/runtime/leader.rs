@@ -196,10 +196,7 @@ mod tests {
     #[tokio::test]
     async fn a_race_lost_on_create_is_not_an_error() {
         use crate::test_support::api_server::{Reply, Step, finish, serve};
-        let (service, handle) = tower_test::mock::pair::<
-            http::Request<kube::client::Body>,
-            http::Response<kube::client::Body>,
-        >();
+        let (service, handle) = crate::test_support::mock_service::pair();
         let client = kube::Client::new(service, "ops");
         let leases: Api<Lease> = Api::namespaced(client, "ops");
         let path = "/apis/coordination.k8s.io/v1/namespaces/ops/leases";

@@ -14,8 +14,9 @@ use tokio::task::JoinHandle;
 use crate::metrics::Metrics;
 use crate::reconcile::database::RelayDatabase;
 use crate::reconcile::{Context, Settings};
+use crate::test_support::mock_service;
 
-pub type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+pub use mock_service::Handle;
 
 /// One request as the server received it.
 #[derive(Debug, Clone)]
@@ -95,7 +96,7 @@ pub fn mock_context(
     settings: Settings,
     database: Arc<dyn RelayDatabase>,
 ) -> (Arc<Context>, Handle) {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let (service, handle) = mock_service::pair();
     let client = Client::new(service, "default");
     let ctx = Context::with_database(client, database, Arc::new(Metrics::default()), settings);
     (Arc::new(ctx), handle)

@@ -2,6 +2,7 @@
 
 pub mod api_server;
 pub mod database;
+pub mod mock_service;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;

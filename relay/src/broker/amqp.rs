@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Display;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,11 +13,12 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
-    PublisherConfirm,
+    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties,
+    DefaultConnectionBuilder, ExchangeKind, PublisherConfirm,
 };
 
 use super::routing::ExchangeType;
+use super::tls::{BrokerTls, classify, with_password_file};
 use super::{
     BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Rejection,
     Target, Unconfirmed,
@@ -42,6 +44,9 @@ pub struct AmqpSettings {
     pub content_type: String,
     pub connection_name: String,
     pub declare_exchange: Option<ExchangeType>,
+    pub tls: BrokerTls,
+    /// Read at each connect; its password replaces the URL's.
+    pub password_file: Option<PathBuf>,
 }
 
 /// Opens [`AmqpPublisher`]s: the URL and the settings every worker of a process shares.
@@ -77,9 +82,15 @@ impl AmqpPublisher {
     pub async fn connect(url: &SecretUrl, settings: AmqpSettings) -> Result<Self, ConnectError> {
         let properties = ConnectionProperties::default()
             .with_connection_name(settings.connection_name.clone().into());
-        let connection = Connection::connect(url.expose(), properties)
+        let url = &with_password_file(url, settings.password_file.as_deref())?;
+        let connection = DefaultConnectionBuilder::new()
+            .map_err(unavailable)?
+            .with_uri_str(url.expose().to_string())
+            .with_properties(properties)
+            .with_tls_config(settings.tls.for_lapin()?)
+            .connect()
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| classify(&e, &settings.tls).unwrap_or_else(|| unavailable(e)))?;
         let channel = match open_channel(&connection, &settings, url).await {
             Ok(channel) => channel,
             Err(e) => {

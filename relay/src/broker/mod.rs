@@ -8,6 +8,7 @@ pub mod amqp;
 pub mod amqp10;
 pub mod headers;
 pub mod routing;
+pub mod tls;
 
 use std::error::Error;
 use std::fmt::Display;
@@ -124,6 +125,27 @@ pub enum BrokerFailure {
     Released(usize),
 }
 
+/// What a user must fix when a broker connection is refused, as a condition reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The TLS handshake: trust, host name, expiry, client certificate.
+    Tls,
+    /// The login: user, password, certificate user.
+    Auth,
+    /// A file or option that cannot be used as given.
+    Settings,
+}
+
+impl Refusal {
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::Tls => "BrokerTLS",
+            Refusal::Auth => "BrokerAuth",
+            Refusal::Settings => "BrokerSettings",
+        }
+    }
+}
+
 /// Why a [`Connector`] could not open a publisher. A missing exchange gets its own variant: the
 /// broker answered, so "cannot reach the broker" would send the user looking in the wrong place,
 /// and only someone declaring the exchange fixes it.
@@ -138,7 +160,10 @@ pub enum ConnectError {
         "address {address} does not exist on the broker ({detail}): create it, or fix --address"
     )]
     AddressNotFound { address: String, detail: String },
-    /// The broker is down or unreachable, refused the login, or failed otherwise.
+    /// A refusal someone must fix (TLS, login, a file): retried, and shown on `/readyz`.
+    #[error("{message}")]
+    Refused { kind: Refusal, message: String },
+    /// The broker is down or unreachable, or failed otherwise.
     #[error("{0}")]
     Unavailable(Arc<dyn Error + Send + Sync>),
 }

@@ -3,9 +3,10 @@
 use std::process::ExitCode;
 
 use indicatif::{HumanCount, ProgressState, ProgressStyle};
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 
 use crate::config::{LogFormat, TableArgs, TableConfig, resolve_table};
+use crate::database::{ConnectFailure, DatabaseTarget, FailureKind};
 use crate::table::inspect::InspectError;
 
 /// Exit code for bad input: the user must change something.
@@ -39,10 +40,20 @@ pub fn failure(error: impl std::fmt::Display) -> ExitCode {
 /// Resolves the table options and connects; bad input exits 2 before anything is written.
 pub async fn connect(args: &TableArgs) -> Result<(TableConfig, PgConnection), ExitCode> {
     let config = resolve_table(args).map_err(usage_error)?;
-    let conn = PgConnection::connect(config.database_url.expose())
+    let conn = crate::database::connect(&config.database)
         .await
-        .map_err(|e| failure(format!("cannot connect to {}: {e}", config.database_url)))?;
+        .map_err(|e| connect_failure(&config.database, &e))?;
     Ok((config, conn))
+}
+
+/// A command cannot connect: a wrong setting, certificate or password exits 2 (the user must
+/// change something), an outage exits 1.
+pub fn connect_failure(target: &DatabaseTarget, e: &ConnectFailure) -> ExitCode {
+    let text = format!("cannot connect to {target}: {e}");
+    match e.kind {
+        FailureKind::Unreachable | FailureKind::Other => failure(text),
+        FailureKind::Settings | FailureKind::Tls | FailureKind::Auth => usage_error(text),
+    }
 }
 
 pub fn inspect_failure(e: InspectError) -> ExitCode {

@@ -22,6 +22,10 @@ pub struct TableArgs {
     /// PostgreSQL URL, e.g. postgres://user:password@host:5432/db.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+    /// File holding the database password, read again at every new connection (a mounted
+    /// Secret, a Vault agent's file, an RDS IAM or Entra ID token); wins over the URL's password.
+    #[arg(long, env = "DATABASE_PASSWORD_FILE", value_name = "FILE")]
+    pub database_password_file: Option<PathBuf>,
     /// Outbox table, optionally schema-qualified (schema.table). Default: outbox_messages.
     #[arg(long, env = "OUTBOX_RELAY_TABLE")]
     pub table: Option<String>,
@@ -155,6 +159,30 @@ pub struct RunArgs {
     /// The AMQP 0-9-1 spelling of --broker-url.
     #[arg(long, env = "AMQP_URL", hide_env_values = true)]
     pub amqp_url: Option<String>,
+    /// File holding the broker password, read again at every connect; wins over the URL's.
+    #[arg(long, env = "BROKER_PASSWORD_FILE", value_name = "FILE")]
+    pub broker_password_file: Option<PathBuf>,
+    /// PEM CA certificate(s) to trust for amqps:// besides the system's store (a private or
+    /// cert-manager CA).
+    #[arg(long, env = "BROKER_CA_FILE", value_name = "FILE")]
+    pub broker_ca_file: Option<PathBuf>,
+    /// PEM client certificate for amqps:// (RabbitMQ certificate login: add
+    /// ?auth_mechanism=external to the URL). Needs --broker-client-key.
+    #[arg(
+        long,
+        env = "BROKER_CLIENT_CERT",
+        value_name = "FILE",
+        requires = "broker_client_key"
+    )]
+    pub broker_client_cert: Option<PathBuf>,
+    /// PEM (PKCS#8) private key of --broker-client-cert.
+    #[arg(
+        long,
+        env = "BROKER_CLIENT_KEY",
+        value_name = "FILE",
+        requires = "broker_client_cert"
+    )]
+    pub broker_client_key: Option<PathBuf>,
     /// AMQP 1.0 target address: a queue or topic (Service Bus: the entity path; RabbitMQ:
     /// e.g. /amq/queue/NAME). Required with --broker-protocol amqp10.
     #[arg(long, env = "OUTBOX_RELAY_ADDRESS")]

@@ -16,6 +16,10 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
         broker_protocol,
         broker_url: _,
         amqp_url: _,
+        broker_password_file,
+        broker_ca_file,
+        broker_client_cert,
+        broker_client_key,
         address,
         exchange,
         declare_exchange,
@@ -41,6 +45,14 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
     let mut argv = Argv(vec!["run".to_string()]);
     table_argv(&mut argv, table);
     argv.named("broker-protocol", broker_protocol);
+    for (flag, path) in [
+        ("broker-password-file", broker_password_file),
+        ("broker-ca-file", broker_ca_file),
+        ("broker-client-cert", broker_client_cert),
+        ("broker-client-key", broker_client_key),
+    ] {
+        argv.shown(flag, &path.as_ref().map(|path| path.display()));
+    }
     argv.text("address", address);
     argv.text("exchange", exchange);
     argv.named("declare-exchange", declare_exchange);
@@ -85,6 +97,7 @@ fn table_argv(argv: &mut Argv, args: &TableArgs) {
     let TableArgs {
         config,
         database_url: _,
+        database_password_file,
         table,
         columns,
         mode,
@@ -92,6 +105,10 @@ fn table_argv(argv: &mut Argv, args: &TableArgs) {
         relay_name,
     } = args;
     argv.shown("config", &config.as_ref().map(|path| path.display()));
+    argv.shown(
+        "database-password-file",
+        &database_password_file.as_ref().map(|path| path.display()),
+    );
     argv.text("table", table);
     for role in ColumnRole::ALL {
         argv.text(role.option(), &columns.get(role).cloned());
@@ -180,6 +197,7 @@ mod tests {
             table: TableArgs {
                 config: Some("/etc/relay.yaml".into()),
                 database_url: None,
+                database_password_file: Some("/var/run/secrets/db/password".into()),
                 table: Some("sales.events".into()),
                 columns: ColumnArgs {
                     id: Some("event_id".into()),
@@ -200,6 +218,10 @@ mod tests {
             broker_protocol: Some(crate::broker::BrokerProtocol::Amqp10),
             broker_url: None,
             amqp_url: None,
+            broker_password_file: Some("/var/run/secrets/mq/password".into()),
+            broker_ca_file: Some("/var/run/secrets/mq-ca/ca.crt".into()),
+            broker_client_cert: Some("/var/run/secrets/mq-client/tls.crt".into()),
+            broker_client_key: Some("/var/run/secrets/mq-client/tls.key".into()),
             address: Some("/amq/queue/sales".into()),
             exchange: Some("sales".into()),
             declare_exchange: Some(ExchangeType::Topic),

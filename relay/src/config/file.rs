@@ -17,9 +17,14 @@ use crate::table::outbox::{DeliveryMode, DeliveryOrder};
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub database_url: Option<String>,
+    pub database_password_file: Option<std::path::PathBuf>,
     pub broker_protocol: Option<BrokerProtocol>,
     pub broker_url: Option<String>,
     pub amqp_url: Option<String>,
+    pub broker_password_file: Option<std::path::PathBuf>,
+    pub broker_ca_file: Option<std::path::PathBuf>,
+    pub broker_client_cert: Option<std::path::PathBuf>,
+    pub broker_client_key: Option<std::path::PathBuf>,
     pub address: Option<String>,
     pub table: Option<String>,
     pub columns: Option<ColumnArgs>,

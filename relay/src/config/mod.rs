@@ -17,6 +17,8 @@ pub use parse::{ConfigError, LogFormat, one_of, positive_duration};
 
 use crate::broker::BrokerProtocol;
 use crate::broker::routing::{ExchangeType, RoutingKey};
+use crate::broker::tls::BrokerTls;
+use crate::database::DatabaseTarget;
 use crate::defaults::{self, AMQP_SHORT_STRING_MAX};
 use crate::secret_url::{SecretUrl, UrlKind};
 use crate::table::ident::{Ident, TableName};
@@ -25,7 +27,7 @@ use crate::table::outbox::{ColumnRole, Columns, DeliveryOrder, OutboxTable};
 /// Everything that describes the table and the database, resolved and validated.
 #[derive(Debug, Clone)]
 pub struct TableConfig {
-    pub database_url: SecretUrl,
+    pub database: DatabaseTarget,
     pub table: OutboxTable,
     pub relay_name: String,
 }
@@ -36,6 +38,8 @@ pub struct RelayConfig {
     pub db: TableConfig,
     pub broker_protocol: BrokerProtocol,
     pub broker_url: SecretUrl,
+    pub broker_tls: BrokerTls,
+    pub broker_password_file: Option<std::path::PathBuf>,
     /// The AMQP 1.0 target address; `None` under AMQP 0-9-1.
     pub address: Option<String>,
     pub exchange: String,
@@ -295,8 +299,9 @@ fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig
         _ => {}
     }
 
+    let password_file = layer(&args.database_password_file, &file.database_password_file);
     Ok(TableConfig {
-        database_url,
+        database: DatabaseTarget::new(database_url, password_file),
         table: OutboxTable {
             name,
             columns,
@@ -314,6 +319,26 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
 
     let broker_protocol = layer(&args.broker_protocol, &file.broker_protocol).unwrap_or_default();
     let broker_url = broker_url(args, &file)?;
+    let broker_tls = BrokerTls {
+        ca_file: layer(&args.broker_ca_file, &file.broker_ca_file),
+        client_cert: layer(&args.broker_client_cert, &file.broker_client_cert),
+        client_key: layer(&args.broker_client_key, &file.broker_client_key),
+    };
+    match (&broker_tls.client_cert, &broker_tls.client_key) {
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "broker-client-key",
+                "is needed with --broker-client-cert",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "broker-client-cert",
+                "is needed with --broker-client-key",
+            ));
+        }
+        _ => {}
+    }
     let address = layer(&args.address, &file.address);
     match broker_protocol {
         BrokerProtocol::Amqp091 => amqp091_only(address.is_some())?,
@@ -372,6 +397,8 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
         db,
         broker_protocol,
         broker_url,
+        broker_tls,
+        broker_password_file: layer(&args.broker_password_file, &file.broker_password_file),
         address,
         exchange,
         declare_exchange: layer(&args.declare_exchange, &file.declare_exchange),

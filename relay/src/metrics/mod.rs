@@ -27,7 +27,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Stage::Claim => "claim",
             Stage::Slot => "slot",

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::Semaphore;
+use tracing::warn;
 
 use super::claim::{ClaimStart, claim_query, decode_all, settling_claim_query};
 use super::message::{dead_letter, to_message};
@@ -67,6 +68,11 @@ pub enum BatchError {
     DatabaseTimeout(Duration),
 }
 
+/// A claim, mark or commit slower than this is said (sqlx's own slow-statement warning is
+/// turned down to debug, since a migration's index build is slow by nature): on a healthy table
+/// they take milliseconds.
+pub const SLOW_DATABASE_STEP: Duration = Duration::from_secs(1);
+
 /// Awaits `future`, observing how long it took as `stage`; returns the output and that time.
 async fn observed<T>(
     metrics: &Metrics,
@@ -77,6 +83,16 @@ async fn observed<T>(
     let output = future.await;
     let elapsed = started.elapsed();
     metrics.stage(stage).observe(elapsed.as_secs_f64());
+    if elapsed > SLOW_DATABASE_STEP && matches!(stage, Stage::Claim | Stage::Mark | Stage::Commit) {
+        warn!(
+            stage = stage.label(),
+            elapsed_ms = elapsed.as_millis() as u64,
+            "slow {} of the outbox table: dead rows at the head of the pending index (VACUUM held \
+             back by a long transaction), lock waits or a busy server; `outbox-relay lag` shows \
+             the table's health",
+            stage.label()
+        );
+    }
     (output, elapsed)
 }
 

@@ -3,13 +3,15 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::broker::ConnectError;
+use crate::broker::{ConnectError, Refusal};
+use crate::database::{ConnectFailure, FailureKind};
 use crate::table::reports::{Problem, ProblemKind};
 
 /// Shared by the workers, the HTTP endpoints and the reporter of one process.
 #[derive(Debug, Clone, Default)]
 pub struct Health {
     broker: Arc<Mutex<Option<Problem>>>,
+    database: Arc<Mutex<Option<Problem>>>,
 }
 
 impl Health {
@@ -17,18 +19,40 @@ impl Health {
     /// or still), or failed without a known cause, clears what an earlier failure said, so no
     /// stale reason outlives its state.
     pub fn broker_connect(&self, outcome: Result<(), &ConnectError>) {
-        *self.lock() = outcome.err().and_then(problem_of);
+        *lock(&self.broker) = outcome.err().and_then(problem_of);
     }
 
-    /// The problem keeping this process from relaying, if one is known.
+    /// The same for a database connect: a cause someone must fix (TLS, login, a setting) is
+    /// kept until a connect succeeds.
+    pub fn database_connect(&self, outcome: Result<(), &ConnectFailure>) {
+        *lock(&self.database) = outcome.err().and_then(database_problem_of);
+    }
+
+    /// The problem keeping this process from relaying, if one is known; the database's first,
+    /// since without it nothing is claimed.
     pub fn problem(&self) -> Option<Problem> {
-        self.lock().clone()
+        lock(&self.database)
+            .clone()
+            .or_else(|| lock(&self.broker).clone())
     }
+}
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Problem>> {
-        // A panic while holding the lock cannot leave an Option half-written.
-        self.broker.lock().unwrap_or_else(|p| p.into_inner())
-    }
+fn lock(slot: &Mutex<Option<Problem>>) -> std::sync::MutexGuard<'_, Option<Problem>> {
+    // A panic while holding the lock cannot leave an Option half-written.
+    slot.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn database_problem_of(error: &ConnectFailure) -> Option<Problem> {
+    let kind = match error.kind {
+        FailureKind::Tls => ProblemKind::DatabaseTls,
+        FailureKind::Auth => ProblemKind::DatabaseAuth,
+        FailureKind::Settings => ProblemKind::DatabaseSettings,
+        FailureKind::Unreachable | FailureKind::Other => return None,
+    };
+    Some(Problem {
+        kind,
+        message: error.to_string(),
+    })
 }
 
 /// The reportable problem behind a failed connect: only a cause that someone must act on,
@@ -41,6 +65,14 @@ fn problem_of(error: &ConnectError) -> Option<Problem> {
         }),
         ConnectError::AddressNotFound { .. } => Some(Problem {
             kind: ProblemKind::AddressNotFound,
+            message: error.to_string(),
+        }),
+        ConnectError::Refused { kind, .. } => Some(Problem {
+            kind: match kind {
+                Refusal::Tls => ProblemKind::BrokerTls,
+                Refusal::Auth => ProblemKind::BrokerAuth,
+                Refusal::Settings => ProblemKind::BrokerSettings,
+            },
             message: error.to_string(),
         }),
         ConnectError::Unavailable(_) => None,

@@ -7,18 +7,24 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::database::{DatabaseTarget, listener_pool};
 use crate::runtime::backoff::Backoff;
-use crate::secret_url::SecretUrl;
 
 pub async fn run_listener(
-    url: SecretUrl,
+    database: DatabaseTarget,
     channel: String,
     wake: watch::Sender<u64>,
     shutdown: CancellationToken,
 ) {
     let mut backoff = Backoff::default();
     while !shutdown.is_cancelled() {
-        let mut listener = match PgListener::connect(url.expose()).await {
+        let connected = match listener_pool(&database).await {
+            Ok(pool) => PgListener::connect_with(&pool)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let mut listener = match connected {
             Ok(l) => l,
             Err(e) => {
                 warn!(error = %e, "LISTEN connection failed; relying on polling until it is back");

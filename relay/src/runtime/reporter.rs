@@ -11,10 +11,10 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::database::DatabaseTarget;
 use crate::defaults::BACKLOG_CAP;
 use crate::metrics::Metrics;
 use crate::runtime::health::Health;
-use crate::secret_url::SecretUrl;
 use crate::table::OutboxTable;
 use crate::table::health::{HorizonClock, TableHealth, measure_table_health};
 use crate::table::ident::TableName;
@@ -24,7 +24,7 @@ use crate::table::reports::{
 use crate::table::sql::Statements;
 
 pub struct ReporterContext {
-    pub database_url: SecretUrl,
+    pub database: DatabaseTarget,
     pub reports_table: TableName,
     pub table: OutboxTable,
     pub statements: Arc<Statements>,
@@ -71,7 +71,7 @@ pub async fn run_reporter(ctx: ReporterContext) {
         (last_total, last_at) = (total, Instant::now());
 
         if session.is_none() {
-            match crate::table::connect::connect(&ctx.database_url).await {
+            match crate::database::connect(&ctx.database).await {
                 Ok(conn) => {
                     session = Some(Session {
                         conn,
@@ -89,7 +89,7 @@ pub async fn run_reporter(ctx: ReporterContext) {
         }
         let current = session.as_mut().expect("connected above");
         if let Err(e) = report_once(&ctx, current, total, rate).await {
-            warn!(error = %e, "writing the lag report failed (has `outbox-relay migrate` run?)");
+            warn!(error = %e, "writing the lag report failed");
             session = None;
         }
     }

@@ -61,23 +61,29 @@ fn spawn_workers<C: Connector>(
 /// when shutdown came first.
 async fn inspect_with_retry(
     config: &RelayConfig,
+    health: &Health,
     shutdown: &CancellationToken,
 ) -> Result<Option<TableShape>, RunError> {
     let mut backoff = Backoff::default();
     loop {
-        let attempt = async {
-            let mut conn = crate::table::connect::connect(&config.db.database_url)
-                .await
-                .map_err(InspectError::Database)?;
-            let shape = inspect(&mut conn, &config.db.table).await;
-            let _ = conn.close().await;
-            shape
-        };
-        match attempt.await {
-            Ok(shape) => return Ok(Some(shape)),
-            Err(e) if e.is_user_error() => return Err(RunError::Table(e)),
+        let connected = crate::database::connect(&config.db.database).await;
+        health.database_connect(connected.as_ref().map(|_| ()));
+        match connected {
+            // Retried even when a setting is at fault: a CA or a password file may be fixed
+            // while the relay waits, and the reason is on /readyz meanwhile.
             Err(e) => {
-                warn!(database = %config.db.database_url, error = %e, "PostgreSQL unreachable at start; retrying");
+                warn!(database = %config.db.database, reason = e.kind.code(), error = %e, "cannot connect to PostgreSQL at start; retrying");
+            }
+            Ok(mut conn) => {
+                let shape = inspect(&mut conn, &config.db.table).await;
+                let _ = conn.close().await;
+                match shape {
+                    Ok(shape) => return Ok(Some(shape)),
+                    Err(e) if e.is_user_error() => return Err(RunError::Table(e)),
+                    Err(e) => {
+                        warn!(database = %config.db.database, error = %e, "PostgreSQL failed while inspecting the table; retrying");
+                    }
+                }
             }
         }
         tokio::select! {
@@ -121,7 +127,7 @@ pub async fn run(
         source,
     })?;
 
-    let Some(shape) = inspect_with_retry(&config, &shutdown).await? else {
+    let Some(shape) = inspect_with_retry(&config, &health, &shutdown).await? else {
         http_stop.cancel();
         return Ok(());
     };
@@ -141,7 +147,7 @@ pub async fn run(
     let connection_name = format!("outbox-relay {} {}", config.db.relay_name, config.pod_name);
     // Everything but the connector, which depends on the protocol.
     let shared = WorkerContext {
-        database_url: config.db.database_url.clone(),
+        database: config.db.database.clone(),
         broker: (),
         statements: statements.clone(),
         settings: BatchSettings {
@@ -176,6 +182,8 @@ pub async fn run(
                     content_type,
                     declare_exchange: config.declare_exchange,
                     connection_name,
+                    tls: config.broker_tls.clone(),
+                    password_file: config.broker_password_file.clone(),
                 },
             };
             spawn_workers(&mut workers, shared.with_broker(connector), config.workers);
@@ -188,6 +196,8 @@ pub async fn run(
                     timeout: config.publish_timeout,
                     content_type,
                     container_id: connection_name,
+                    tls: config.broker_tls.clone(),
+                    password_file: config.broker_password_file.clone(),
                 },
             };
             spawn_workers(&mut workers, shared.with_broker(connector), config.workers);
@@ -198,7 +208,7 @@ pub async fn run(
     let listener = config.listen.then(|| {
         tokio::spawn(
             crate::runtime::listener::run_listener(
-                config.db.database_url.clone(),
+                config.db.database.clone(),
                 notify_channel(&config.db.table),
                 wake_tx.clone(),
                 background_stop.clone(),
@@ -208,7 +218,7 @@ pub async fn run(
     });
     let reporter = tokio::spawn(
         run_reporter(ReporterContext {
-            database_url: config.db.database_url.clone(),
+            database: config.db.database.clone(),
             reports_table: config.db.table.reports_table(),
             table: config.db.table.clone(),
             statements,

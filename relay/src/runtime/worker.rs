@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::broker::{ConnectError, Connector, Publisher};
+use crate::database::DatabaseTarget;
 use crate::metrics::Metrics;
 use crate::protocol::batch::{BatchSettings, run_batch};
 use crate::protocol::claim::ClaimStart;
@@ -20,14 +21,13 @@ use crate::protocol::cursor::ClaimCursor;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::lanes::Lanes;
-use crate::secret_url::SecretUrl;
 use crate::table::sql::Statements;
 
 /// What every worker of a process shares. `C` opens the publishers: the worker never names a
 /// broker.
 #[derive(Clone)]
 pub struct WorkerContext<C> {
-    pub database_url: SecretUrl,
+    pub database: DatabaseTarget,
     pub broker: C,
     pub statements: Arc<Statements>,
     pub settings: BatchSettings,
@@ -48,7 +48,7 @@ impl<C> WorkerContext<C> {
     /// The same context with another connector.
     pub fn with_broker<D>(self, broker: D) -> WorkerContext<D> {
         WorkerContext {
-            database_url: self.database_url,
+            database: self.database,
             broker,
             statements: self.statements,
             settings: self.settings,
@@ -155,12 +155,11 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
     let mut lanes = ctx.lanes_of.as_deref().map(Lanes::new);
 
     while !ctx.shutdown.is_cancelled() {
-        if let Err(e) = db
-            .ensure(crate::table::connect::connect(&ctx.database_url))
-            .await
-        {
+        let connected = db.ensure(crate::database::connect(&ctx.database)).await;
+        ctx.health.database_connect(connected.as_ref().map(|_| ()));
+        if let Err(e) = connected {
             let delay = db.next_delay();
-            warn!(endpoint = %ctx.database_url, error = %e, retry_in_ms = delay.as_millis(), "cannot reach PostgreSQL; retrying");
+            warn!(endpoint = %ctx.database, reason = e.kind.code(), error = %e, retry_in_ms = delay.as_millis(), "cannot connect to PostgreSQL; retrying");
             pause(&ctx.shutdown, delay).await;
             continue;
         }
@@ -293,6 +292,9 @@ fn log_broker_failure(error: &ConnectError, endpoint: &(dyn Display + Sync), del
     match error {
         ConnectError::ExchangeNotFound { .. } | ConnectError::AddressNotFound { .. } => {
             warn!(retry_in_ms, "{error}");
+        }
+        ConnectError::Refused { kind, .. } => {
+            warn!(endpoint = %endpoint, reason = kind.code(), error = %error, retry_in_ms, "the broker refused the connection; retrying");
         }
         ConnectError::Unavailable(_) => {
             warn!(endpoint = %endpoint, error = %error, retry_in_ms, "cannot reach the broker; retrying");

@@ -22,13 +22,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
-use crate::table::migrate::{MigrationOptions, index_name};
+use crate::table::inspect::SERVER_AUTOVACUUM_SQL;
 use crate::table::outbox::OutboxTable;
-
-/// Autovacuum runs on this server: it needs both settings on (without `track_counts` the
-/// launcher never learns that a table has dead rows).
-pub const SERVER_AUTOVACUUM_SQL: &str =
-    "current_setting('autovacuum')::bool AND current_setting('track_counts')::bool";
 
 /// One measure of the table's health, as stored in the report table's `table_health` column.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -261,13 +256,7 @@ pub async fn measure_table_health(
 
     let index_names: Vec<String> = [false, true]
         .into_iter()
-        .map(|covering_index| {
-            let options = MigrationOptions {
-                covering_index,
-                ..Default::default()
-            };
-            index_name(table, &options).as_str().to_string()
-        })
+        .map(|covering_index| table.pending_index(covering_index).as_str().to_string())
         .collect();
     let sql = format!(
         "SELECT s.n_dead_tup AS dead_tuples, s.n_live_tup AS live_tuples, \

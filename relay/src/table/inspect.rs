@@ -3,8 +3,14 @@
 
 use sqlx::PgConnection;
 
-use crate::table::health::SERVER_AUTOVACUUM_SQL;
 use crate::table::outbox::{ColumnRole, OutboxTable};
+
+/// Autovacuum runs on this server: it needs both settings on (without `track_counts` the
+/// launcher never learns that a table has dead rows). The start-up inspection and the health
+/// measure both read it; it lives here, below both, because in the health module it made the
+/// inspection import health, which imports the migration, which imports the inspection.
+pub const SERVER_AUTOVACUUM_SQL: &str =
+    "current_setting('autovacuum')::bool AND current_setting('track_counts')::bool";
 
 /// How the payload column is read and which content type it implies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -139,12 +139,9 @@ fn lock_key(table: &OutboxTable) -> String {
     format!("outbox-relay:migrate:{}", table.name.quoted())
 }
 
+/// The pending-row index these options build ([`OutboxTable::pending_index`]).
 pub fn index_name(table: &OutboxTable, options: &MigrationOptions) -> Ident {
-    table.name.derived(if options.covering_index {
-        "pending_covering_idx"
-    } else {
-        "pending_idx"
-    })
+    table.pending_index(options.covering_index)
 }
 
 /// The `CREATE INDEX CONCURRENTLY` statement, sent alone.

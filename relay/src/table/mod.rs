@@ -2,7 +2,6 @@
 //! mapping, the SQL of the protocol, the migration and the lag reports. The only module that
 //! writes SQL.
 
-pub mod connect;
 pub mod health;
 pub mod ident;
 pub mod inspect;

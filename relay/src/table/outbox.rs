@@ -237,6 +237,19 @@ impl OutboxTable {
         }
     }
 
+    /// The pending-row index the migration builds: the reference article's covering index
+    /// `(occurred, processed) INCLUDE (id, type, payload)` or the plain one. Named here, with
+    /// the table, because the migration builds it and the health measure reads its size; in
+    /// the migration module it made health import the migration, which imports the inspection,
+    /// which imports health's SQL: a circle.
+    pub fn pending_index(&self, covering_index: bool) -> Ident {
+        self.name.derived(if covering_index {
+            "pending_covering_idx"
+        } else {
+            "pending_idx"
+        })
+    }
+
     /// The report table lives next to the outbox table, in the same schema.
     pub fn reports_table(&self) -> TableName {
         TableName {

@@ -49,6 +49,19 @@ pub enum ProblemKind {
     ExchangeNotFound,
     /// The AMQP 1.0 broker has no node at the target address.
     AddressNotFound,
+    /// The database's TLS handshake fails (untrusted or expired certificate, wrong host name,
+    /// no TLS on the server, a refused client certificate).
+    DatabaseTls,
+    /// The database refuses the login (password, pg_hba rule, certificate user).
+    DatabaseAuth,
+    /// A database setting or a file it names is unusable (password file, sslrootcert, sslmode).
+    DatabaseSettings,
+    /// The broker's TLS handshake fails.
+    BrokerTls,
+    /// The broker refuses the login.
+    BrokerAuth,
+    /// A broker setting or file is unusable (CA file, client certificate, password file).
+    BrokerSettings,
     /// A code this version does not know, written by a newer relay; kept as written.
     Other(String),
 }
@@ -59,6 +72,12 @@ impl ProblemKind {
         match self {
             ProblemKind::ExchangeNotFound => "ExchangeNotFound",
             ProblemKind::AddressNotFound => "AddressNotFound",
+            ProblemKind::DatabaseTls => "DatabaseTLS",
+            ProblemKind::DatabaseAuth => "DatabaseAuth",
+            ProblemKind::DatabaseSettings => "DatabaseSettings",
+            ProblemKind::BrokerTls => "BrokerTLS",
+            ProblemKind::BrokerAuth => "BrokerAuth",
+            ProblemKind::BrokerSettings => "BrokerSettings",
             ProblemKind::Other(code) => code,
         }
     }
@@ -67,6 +86,12 @@ impl ProblemKind {
         match code {
             "ExchangeNotFound" => ProblemKind::ExchangeNotFound,
             "AddressNotFound" => ProblemKind::AddressNotFound,
+            "DatabaseTLS" => ProblemKind::DatabaseTls,
+            "DatabaseAuth" => ProblemKind::DatabaseAuth,
+            "DatabaseSettings" => ProblemKind::DatabaseSettings,
+            "BrokerTLS" => ProblemKind::BrokerTls,
+            "BrokerAuth" => ProblemKind::BrokerAuth,
+            "BrokerSettings" => ProblemKind::BrokerSettings,
             other => ProblemKind::Other(other.to_string()),
         }
     }

@@ -677,6 +677,8 @@ async fn closing_against_a_broker_that_stopped_answering_returns() {
         timeout: Duration::from_secs(5),
         content_type: "application/json".into(),
         container_id: name.clone(),
+        tls: Default::default(),
+        password_file: None,
     };
     let url = SecretUrl::parse(&url, UrlKind::Amqp).unwrap();
     let publisher = Amqp10Publisher::connect(&url, settings).await.unwrap();

@@ -214,6 +214,8 @@ fn settings(exchange: &str, dead_letter_exchange: Option<String>) -> AmqpSetting
         content_type: "application/json".into(),
         connection_name: "exchange-not-found test".into(),
         declare_exchange: None,
+        tls: Default::default(),
+        password_file: None,
     }
 }
 

@@ -24,5 +24,7 @@ mod publish_slots;
 mod relay_delivery;
 mod relay_faults;
 mod reports;
+mod secure_broker;
+mod secure_postgres;
 mod settling_claim;
 mod table_health;

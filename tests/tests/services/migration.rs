@@ -270,3 +270,43 @@ async fn an_id_with_a_unique_index_is_accepted() {
         assert!(stdout.contains("created"), "{stdout}");
     }
 }
+
+/// A concurrent index build is slow by nature (here it waits on a writer's open transaction):
+/// `migrate` says what it does in its own words, and sqlx's "slow statement" warning stays out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_index_build_prints_no_slow_statement_warning() {
+    let name = unique("slowmig");
+    let table = db::table(&name);
+    let mut writer = db::seeded_table(&table, 1_000).await;
+    // An open writing transaction: CREATE INDEX CONCURRENTLY waits for it to end.
+    db::exec(&mut writer, "BEGIN").await;
+    outbox_relay::tools::seed::copy_rows(&mut writer, &table, 1, 50, |_| {})
+        .await
+        .unwrap();
+    let migration = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let outcome = process::run_relay_command_with_env(
+                &["migrate", "--table", &name],
+                &[
+                    ("DATABASE_URL", &outbox_tests::database_url()),
+                    ("RUST_LOG", "info"),
+                ],
+            )
+            .await;
+            (outcome, started.elapsed())
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    db::exec(&mut writer, "COMMIT").await;
+    let ((code, stdout, stderr), took) = migration.await.unwrap();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    // It did wait: the statement ran past sqlx's 1 s slow-statement threshold.
+    assert!(
+        took.as_millis() >= 2_000,
+        "the build did not wait ({took:?})"
+    );
+    assert!(!stderr.contains("slow statement"), "{stderr}");
+    assert!(!stderr.contains("WARN"), "{stderr}");
+}

@@ -57,6 +57,8 @@ async fn connect_publisher(exchange: String) -> AmqpPublisher {
             content_type: "application/json".into(),
             connection_name: "publish-slots test".into(),
             declare_exchange: Some(ExchangeType::Fanout),
+            tls: Default::default(),
+            password_file: None,
         },
     )
     .await

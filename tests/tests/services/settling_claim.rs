@@ -62,6 +62,8 @@ async fn publisher(exchange: &str, mandatory: bool) -> AmqpPublisher {
             content_type: "application/json".into(),
             connection_name: format!("settling-claim test {exchange}"),
             declare_exchange: None,
+            tls: Default::default(),
+            password_file: None,
         },
     )
     .await

@@ -401,14 +401,13 @@ fn the_hash_changes_with_the_spec_and_only_then() {
 
 #[tokio::test]
 async fn no_secret_value_reaches_the_deployment() {
+    use crate::test_support::mock_service;
     use crate::test_support::secret;
     use k8s_openapi::api::core::v1::Secret;
-    use tower_test::mock;
 
     // Dereference real Secret objects carrying a recognisable password, then build from what
     // the reconciler has in hand: the password must not appear anywhere in the result.
-    let (service, mut handle) =
-        mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+    let (service, mut handle) = mock_service::pair();
     let server = tokio::spawn(async move {
         for (name, url) in [
             (

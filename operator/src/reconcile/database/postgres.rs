@@ -9,6 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use outbox_relay::database::{DatabaseTarget, FailureKind};
 use outbox_relay::defaults::BACKLOG_CAP;
 use outbox_relay::secret_url::SecretUrl;
 use outbox_relay::table::health::{HorizonClock, measure_table_health};
@@ -200,15 +201,31 @@ fn is_condition_reason(text: &str) -> bool {
     starts_with_letter && allowed && !text.ends_with([',', ':']) && text.len() <= 1024
 }
 
+/// Connects as the relays do (libpq's sslmode meanings, the same failure words), so what the
+/// operator reports is what a relay pod would meet.
 async fn connect(database_url: &SecretUrl) -> Result<PgConnection, Error> {
-    let attempt = PgConnection::connect(database_url.expose());
+    let target = DatabaseTarget::from_url(database_url.clone());
+    let attempt = outbox_relay::database::connect(&target);
     match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(Error::DatabaseUnreachable(format!(
-            "{} ({})",
-            redact(&e.to_string(), database_url),
-            database_url.redacted()
-        ))),
+        Ok(Err(e)) => {
+            let message = format!(
+                "{} ({})",
+                redact(&e.to_string(), database_url),
+                database_url.redacted()
+            );
+            Err(match e.kind {
+                FailureKind::Unreachable | FailureKind::Other => {
+                    Error::DatabaseUnreachable(message)
+                }
+                FailureKind::Tls | FailureKind::Auth | FailureKind::Settings => {
+                    Error::DatabaseRefused {
+                        reason: e.kind.code(),
+                        message,
+                    }
+                }
+            })
+        }
         Err(_) => Err(Error::DatabaseUnreachable(format!(
             "no answer within {}s ({})",
             CONNECT_TIMEOUT.as_secs(),

@@ -7,20 +7,21 @@
 //!
 //! TLS is established first and AMQP runs inside it (the port-5671 convention Service Bus and
 //! most brokers use, not the in-band AMQP TLS upgrade). Certificates are checked against the
-//! system's trust store; `SSL_CERT_FILE` points it at another bundle.
+//! system's trust store (`SSL_CERT_FILE` points it at another bundle) and `--broker-ca-file`;
+//! `--broker-client-cert` and `--broker-client-key` give a client certificate.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use fe2o3_amqp::Connection;
 use fe2o3_amqp::connection::ConnectionHandle;
 use fe2o3_amqp::sasl_profile::SaslProfile;
-use rustls_platform_verifier::BuilderVerifierExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::rustls::pki_types::ServerName;
 
 use crate::broker::ConnectError;
+use crate::broker::tls::{BrokerTls, classify, with_password_file};
 use crate::secret_url::SecretUrl;
 
 /// The IANA ports of AMQP 1.0 without and with TLS.
@@ -45,7 +46,10 @@ fn setup(message: impl Into<String>) -> ConnectError {
 pub(super) async fn open(
     url: &SecretUrl,
     container_id: &str,
+    tls_files: &BrokerTls,
+    password_file: Option<&Path>,
 ) -> Result<ConnectionHandle<()>, ConnectError> {
+    let url = &with_password_file(url, password_file)?;
     let parsed = url::Url::parse(url.expose())
         .map_err(|e| setup(format!("the broker URL is not a URL: {e}")))?;
     let tls = match parsed.scheme() {
@@ -84,23 +88,14 @@ pub(super) async fn open(
                 "the broker URL's host cannot be checked by TLS: {e}"
             ))
         })?;
-        let stream = tls_connector()?
+        let connector = TlsConnector::from(Arc::new(tls_files.client_config()?));
+        let stream = connector
             .connect(server, tcp)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| classify(&e, tls_files).unwrap_or_else(|| unavailable(e)))?;
         builder.open_with_stream(stream).await
     } else {
         builder.open_with_stream(tcp).await
     };
-    opened.map_err(unavailable)
-}
-
-fn tls_connector() -> Result<TlsConnector, ConnectError> {
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .and_then(|builder| builder.with_platform_verifier())
-        .map_err(|e| setup(format!("cannot set up TLS: {e}")))?
-        .with_no_client_auth();
-    Ok(TlsConnector::from(Arc::new(config)))
+    opened.map_err(|e| classify(&e, tls_files).unwrap_or_else(|| unavailable(e)))
 }

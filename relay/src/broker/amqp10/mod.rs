@@ -36,6 +36,7 @@ use super::{
     BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Rejection,
     Target, Unconfirmed,
 };
+use crate::broker::tls::BrokerTls;
 use crate::secret_url::SecretUrl;
 
 /// The longest wait for the broker's answer to each step of a close.
@@ -50,6 +51,9 @@ pub struct Amqp10Settings {
     pub content_type: String,
     /// The container id the broker shows for the connection, e.g. `outbox-relay orders pod-1`.
     pub container_id: String,
+    pub tls: BrokerTls,
+    /// Read at each connect; its password replaces the URL's.
+    pub password_file: Option<std::path::PathBuf>,
 }
 
 /// Opens [`Amqp10Publisher`]s.
@@ -84,7 +88,13 @@ impl Amqp10Publisher {
     pub async fn connect(url: &SecretUrl, settings: Amqp10Settings) -> Result<Self, ConnectError> {
         // The user and password of the URL go through SASL PLAIN (Service Bus: the policy name
         // and its key). Errors name no URL.
-        let mut connection = connect::open(url, &settings.container_id).await?;
+        let mut connection = connect::open(
+            url,
+            &settings.container_id,
+            &settings.tls,
+            settings.password_file.as_deref(),
+        )
+        .await?;
         let mut session = match Session::begin(&mut connection).await {
             Ok(session) => session,
             Err(e) => {

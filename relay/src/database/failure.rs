@@ -1,0 +1,238 @@
+//! Why a connection to PostgreSQL failed, in words that name the setting that fixes it. The
+//! driver's errors are sorted by cause: the TLS handshake (rustls' certificate errors), the
+//! server's authentication (SQLSTATE 28P01 and 28000 with pg_hba's reason), the settings, the
+//! network. No message carries a password or a file's content.
+
+use rustls::CertificateError;
+use sqlx::postgres::PgSslMode;
+
+use super::options::{Resolved, RootCert, SettingsError, mode_name};
+use super::password_file::PasswordFileError;
+use super::target::DatabaseTarget;
+
+/// The cause, as a code a program can act on (the relay's `/readyz`, the operator's condition
+/// reasons).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// A setting is wrong or a file it names cannot be read; retrying will not help.
+    Settings,
+    /// The TLS handshake failed: trust, host name, expiry, client certificate, or no TLS.
+    Tls,
+    /// The server refused the login: password, pg_hba rule, certificate user.
+    Auth,
+    /// The server could not be reached or went away: an outage, retried.
+    Unreachable,
+    /// Anything else the server said (e.g. the database does not exist).
+    Other,
+}
+
+impl FailureKind {
+    /// The condition reason / problem code.
+    pub fn code(self) -> &'static str {
+        match self {
+            FailureKind::Settings => "DatabaseSettings",
+            FailureKind::Tls => "DatabaseTLS",
+            FailureKind::Auth => "DatabaseAuth",
+            FailureKind::Unreachable => "DatabaseUnreachable",
+            FailureKind::Other => "DatabaseError",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConnectFailure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl ConnectFailure {
+    fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn password_file(e: PasswordFileError) -> Self {
+        Self::new(
+            FailureKind::Settings,
+            format!(
+                "{e} (database password file: --database-password-file, DATABASE_PASSWORD_FILE)"
+            ),
+        )
+    }
+
+    pub fn settings(e: SettingsError) -> Self {
+        Self::new(FailureKind::Settings, format!("database URL: {e}"))
+    }
+
+    /// A file named by `setting` cannot be read.
+    pub fn unreadable_file(setting: &str, path: &str, e: &std::io::Error) -> Self {
+        Self::new(
+            FailureKind::Settings,
+            format!("cannot read {setting} file {path}: {}", e.kind()),
+        )
+    }
+
+    /// Sorts a driver error by cause.
+    pub fn classify(e: &sqlx::Error, resolved: &Resolved, target: &DatabaseTarget) -> Self {
+        if let Some(tls) = rustls_error(e) {
+            return tls_failure(tls, resolved);
+        }
+        match e {
+            sqlx::Error::Database(db) => {
+                let code = db.code().unwrap_or_default();
+                auth_failure(&code, db.message(), resolved, target).unwrap_or_else(|| {
+                    Self::new(
+                        FailureKind::Other,
+                        format!("PostgreSQL refused the connection: {}", db.message()),
+                    )
+                })
+            }
+            sqlx::Error::Tls(inner) if inner.to_string().contains("does not support TLS") => {
+                Self::new(
+                    FailureKind::Tls,
+                    format!(
+                        "the server does not offer TLS, but sslmode={} requires it: turn ssl on in \
+                         the server, or (on a trusted network only) set sslmode=prefer",
+                        mode_name(resolved.mode)
+                    ),
+                )
+            }
+            sqlx::Error::Tls(inner) => Self::new(
+                FailureKind::Tls,
+                format!("TLS with the database failed: {inner}"),
+            ),
+            sqlx::Error::Configuration(inner) => Self::new(
+                FailureKind::Settings,
+                format!("database TLS files (sslrootcert, sslcert, sslkey): {inner}"),
+            ),
+            sqlx::Error::Io(io) => Self::new(
+                FailureKind::Unreachable,
+                format!("cannot reach PostgreSQL at {}: {io}", resolved.host),
+            ),
+            other => Self::new(FailureKind::Unreachable, other.to_string()),
+        }
+    }
+}
+
+/// True when the server refused an unencrypted connection that TLS would have let in (pg_hba's
+/// `hostssl`): what libpq's `allow` retries with TLS.
+pub fn is_encryption_required(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.code().as_deref() == Some("28000") && db.message().contains("no encryption"))
+}
+
+fn rustls_error(e: &sqlx::Error) -> Option<&rustls::Error> {
+    match e {
+        sqlx::Error::Tls(inner) => inner.downcast_ref::<rustls::Error>().or_else(|| {
+            inner
+                .source()
+                .and_then(|s| s.downcast_ref::<rustls::Error>())
+        }),
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>()),
+        _ => None,
+    }
+}
+
+fn trust_hint(resolved: &Resolved) -> String {
+    match &resolved.root_cert {
+        RootCert::File(path) => format!(
+            "sslrootcert {path} is not the CA that signed it: give the server's CA with \
+             sslrootcert=FILE in the URL (or PGSSLROOTCERT)"
+        ),
+        RootCert::System | RootCert::Default => "the system's CA store does not hold its CA: give \
+             the server's CA with sslrootcert=FILE in the URL (or PGSSLROOTCERT)"
+            .into(),
+    }
+}
+
+fn tls_failure(e: &rustls::Error, resolved: &Resolved) -> ConnectFailure {
+    let host = &resolved.host;
+    let message = match e {
+        rustls::Error::InvalidCertificate(cert) => match cert {
+            CertificateError::UnknownIssuer | CertificateError::BadSignature => {
+                format!("the database server's certificate is not trusted: {}", trust_hint(resolved))
+            }
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                format!(
+                    "the database server's certificate is not valid for the host name {host}: \
+                     connect by a name the certificate lists, or set sslmode=verify-ca to check \
+                     the CA only"
+                )
+            }
+            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+                "the database server's certificate has expired: renew it on the server".into()
+            }
+            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+                "the database server's certificate is not valid yet: check the clocks of both hosts".into()
+            }
+            other => format!("the database server's certificate was refused ({other:?}): {}", trust_hint(resolved)),
+        },
+        rustls::Error::InconsistentKeys(_) => {
+            "sslkey is not the private key of sslcert: give the key that belongs to the client certificate".into()
+        }
+        rustls::Error::AlertReceived(alert) if resolved.client_cert.is_some() => format!(
+            "the database server refused the client certificate ({alert:?}): check that sslcert \
+             is signed by a CA the server trusts (ssl_ca_file) and sslkey belongs to it"
+        ),
+        rustls::Error::AlertReceived(alert) => format!(
+            "the database server ended the TLS handshake ({alert:?}); if it asks for a client \
+             certificate, give sslcert and sslkey"
+        ),
+        other => format!("TLS with the database failed: {other}"),
+    };
+    ConnectFailure::new(FailureKind::Tls, message)
+}
+
+fn auth_failure(
+    code: &str,
+    server_says: &str,
+    resolved: &Resolved,
+    target: &DatabaseTarget,
+) -> Option<ConnectFailure> {
+    let user = &resolved.user;
+    let message = match code {
+        // invalid_password: also what md5 and SCRAM answer for a wrong password.
+        "28P01" => match target.password_file() {
+            Some(path) => format!(
+                "password authentication failed for user {user}: the password in {} is not the \
+                 one the server has (rotated on one side only?)",
+                path.display()
+            ),
+            None if !resolved.password_given => format!(
+                "password authentication failed for user {user}: the server asks for a password \
+                 and none was given: put it in the URL (percent-encoded) or in a file named by \
+                 --database-password-file"
+            ),
+            None => format!(
+                "password authentication failed for user {user}: check the URL's password \
+                 (percent-encode @ : / % ? # and spaces), or keep it in a file named by \
+                 --database-password-file"
+            ),
+        },
+        "28000" if server_says.contains("no encryption") => format!(
+            "the server accepts user {user} only over TLS (pg_hba.conf: hostssl), and sslmode={} \
+             connected without it: set sslmode=verify-full with sslrootcert=FILE (or require)",
+            mode_name(resolved.mode)
+        ),
+        "28000" if server_says.contains("certificate") => format!(
+            "certificate authentication failed for user {user}: the client certificate's common \
+             name must be the user name (sslcert), or the server maps it (pg_ident.conf)"
+        ),
+        "28000" if matches!(resolved.mode, PgSslMode::Disable | PgSslMode::Allow) => {
+            format!(
+                "the server refused user {user} ({server_says}); if it wants TLS, set sslmode=require or stronger"
+            )
+        }
+        "28000" => format!(
+            "the server's pg_hba.conf lets user {user} in from nowhere this connection matches \
+             ({server_says}): ask the database administrator for a rule"
+        ),
+        _ => return None,
+    };
+    Some(ConnectFailure::new(FailureKind::Auth, message))
+}
