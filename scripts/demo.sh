@@ -8,6 +8,9 @@ ROWS=${ROWS:-1000000}
 TABLE=${TABLE:-demo_outbox}
 WORKERS=${WORKERS:-4}
 RELAY="${RELAY:-./target/release/outbox-relay}"
+# The relay's log; target/ may not exist when CARGO_TARGET_DIR builds elsewhere.
+LOG=${DEMO_LOG:-target/demo-relay.log}
+mkdir -p "$(dirname "$LOG")"
 export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
 export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
 
@@ -23,7 +26,7 @@ echo "== 3. a fanout exchange and a durable queue for the counting consumer"
 
 echo "== 4. the relay ($WORKERS workers, metrics on http://127.0.0.1:9090/metrics) and the consumer"
 "$RELAY" run --table "$TABLE" --exchange "$TABLE" --workers "$WORKERS" --metrics-addr 127.0.0.1:9090 \
-  --log-format text 2> "target/demo-relay.log" &
+  --log-format text 2> "$LOG" &
 relay_pid=$!
 trap 'kill -TERM $relay_pid 2>/dev/null || true' EXIT
 started=$(date +%s.%N)
@@ -36,4 +39,4 @@ trap - EXIT
 echo "== 5. what is left in the table"
 "$RELAY" lag --table "$TABLE"
 awk -v n="$ROWS" -v a="$started" -v b="$finished" 'BEGIN { printf "relayed %d rows end to end in %.1f s: %.0f rows/s\n", n, b - a, n / (b - a) }'
-echo "relay log: target/demo-relay.log"
+echo "relay log: $LOG"
