@@ -55,6 +55,7 @@ install_missing() {
   command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
   command -v curl >/dev/null || packages+=(curl)
   command -v openssl >/dev/null || packages+=(openssl)
+  command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || packages+=(pgbouncer)
   [ ${#packages[@]} -eq 0 ] && return 0
   if ! as_root true 2>/dev/null; then
     echo "${packages[*]} are missing. Install them with:" >&2
@@ -206,6 +207,47 @@ start_plain_postgres() {
     || as_root pg_ctlcluster "$version" notls start
   for _ in $(seq 1 30); do pg_isready -q -h "$PGHOST" -p "$PLAIN_PG_PORT" && return 0; sleep 1; done
   echo "PostgreSQL cluster notls did not start on port $PLAIN_PG_PORT" >&2; exit 1
+}
+
+PGBOUNCER_PORT=6432
+pgbouncer_up() { (exec 3<>/dev/tcp/127.0.0.1/$PGBOUNCER_PORT) 2>/dev/null; }
+
+# PgBouncer (Debian's, 1.18) in front of the main server as production puts it: clients log in
+# with SCRAM as outbox_scram; PgBouncer logs in to PostgreSQL over TLS checked against the test
+# CA. Database `session` pools in session mode, `transaction` in transaction mode (both are the
+# database test). Its own folder under the postgres user's home, as it refuses to run as root.
+start_pgbouncer() {
+  local dir=/var/lib/postgresql/outbox-relay-pgbouncer bin
+  bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+  if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ]; then
+    echo "PgBouncer: session and transaction pools on 127.0.0.1:$PGBOUNCER_PORT, TLS to PostgreSQL"
+    as_root mkdir -p "$dir"
+    as_root cp "$tls_dir/ca.pem" "$dir/ca.pem"
+    printf '%s\n' '[databases]' \
+      "session = host=127.0.0.1 port=5432 dbname=test pool_mode=session" \
+      "transaction = host=127.0.0.1 port=5432 dbname=test pool_mode=transaction" \
+      '[pgbouncer]' "listen_addr = 127.0.0.1" "listen_port = $PGBOUNCER_PORT" "unix_socket_dir =" \
+      "auth_type = scram-sha-256" "auth_file = $dir/userlist.txt" "pool_mode = session" \
+      "max_client_conn = 400" "default_pool_size = 40" \
+      "ignore_startup_parameters = extra_float_digits" \
+      "server_tls_sslmode = verify-full" "server_tls_ca_file = $dir/ca.pem" \
+      "logfile = $dir/pgbouncer.log" "pidfile = $dir/pgbouncer.pid" \
+      | as_root tee "$dir/pgbouncer.ini" >/dev/null
+    # userlist.txt: "user" "password", a double quote inside doubled.
+    printf '"outbox_scram" "%s"\n' "${PG_TLS_ONLY_PASSWORD//\"/\"\"}" | as_root tee "$dir/userlist.txt" >/dev/null
+    as_root chown -R postgres:postgres "$dir"
+    as_root chmod 600 "$dir/userlist.txt"
+    if pgbouncer_up; then
+      as_root su postgres -c "kill \$(cat $dir/pgbouncer.pid)" 2>/dev/null || true
+      for _ in $(seq 1 20); do pgbouncer_up || break; sleep 0.5; done
+    fi
+    echo "$TLS_VERSION" | as_root tee "$dir/.version" >/dev/null
+  fi
+  pgbouncer_up && return 0
+  as_root su postgres -c "$bin -d -q $dir/pgbouncer.ini"
+  for _ in $(seq 1 30); do pgbouncer_up && return 0; sleep 0.5; done
+  as_root tail -n 20 "$dir/pgbouncer.log" >&2 || true
+  echo "PgBouncer did not start on 127.0.0.1:$PGBOUNCER_PORT (log: $dir/pgbouncer.log)" >&2; exit 1
 }
 
 start_rabbitmq() {
@@ -475,24 +517,29 @@ case "${1:-}" in
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two
-# runs altering the same roles at once fail with "tuple concurrently updated".
-mkdir -p "${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}"
-exec 9>"${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/services.lock"
-flock 9
+# runs altering the same roles at once fail with "tuple concurrently updated". The script runs
+# again under flock -o: the lock stays with flock, and the servers started below do not inherit
+# it (a daemon holding the lock's descriptor would block every later run).
+if [ -z "${OUTBOX_SERVICES_LOCKED:-}" ]; then
+  mkdir -p "${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}"
+  OUTBOX_SERVICES_LOCKED=1 exec flock -o "${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/services-setup.lock" "$0" "$@"
+fi
 
-if ! pg_up || ! rabbit_up || ! artemis_up || ! artemis_current; then install_missing; fi
+if ! pg_up || ! rabbit_up || ! artemis_up || ! artemis_current || ! pgbouncer_up; then install_missing; fi
 start_postgres
 configure_postgres
 setup_tls
 configure_postgres_tls
 start_plain_postgres
+start_pgbouncer
 configure_rabbitmq_tls
 start_rabbitmq
 configure_rabbitmq_users
 enable_rabbitmq_amqp10
 start_artemis
 echo "services: PostgreSQL on $PGHOST:5432 (TLS with CA $tls_dir/ca.pem; TLS-only roles outbox_scram," \
-  "outbox_md5, outbox_cert), PostgreSQL without TLS on $PGHOST:$PLAIN_PG_PORT, RabbitMQ on 127.0.0.1:5672 (AMQP 0-9-1 and 1.0)" \
+  "outbox_md5, outbox_cert), PostgreSQL without TLS on $PGHOST:$PLAIN_PG_PORT," \
+  "PgBouncer on 127.0.0.1:$PGBOUNCER_PORT (databases session and transaction), RabbitMQ on 127.0.0.1:5672 (AMQP 0-9-1 and 1.0)" \
   "and 5671 (AMQPS; certificate login for outbox_cert)," \
   "ActiveMQ Artemis $ARTEMIS_VERSION on 127.0.0.1:$ARTEMIS_PORT (AMQP 1.0; on :$ARTEMIS_MODIFIED_PORT a full address answers modified;" \
   "on :$ARTEMIS_TLS_PORT TLS, CA $artemis_ca) are up"

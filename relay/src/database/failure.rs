@@ -117,6 +117,21 @@ impl ConnectFailure {
     }
 }
 
+/// What to do when [`behind_transaction_pooling`] says so.
+pub const TRANSACTION_POOLING: &str = "this looks like a pooler in transaction mode (PgBouncer \
+     pool_mode = transaction), which the relay does not support: its prepared statements and \
+     session locks need a server session of their own. Use session pooling or connect to the \
+     server directly (docs/connecting-securely.md, \"Behind a connection pooler\")";
+
+/// True when the driver's own named prepared statements collide or vanish: what happens when a
+/// pooler in transaction mode hands one server session to many clients (or another to the same
+/// client), and on a direct connection never.
+pub fn behind_transaction_pooling(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if matches!(db.code().as_deref(), Some("42P05" | "26000"))
+            && db.message().contains("\"sqlx_s_"))
+}
+
 /// True when the server refused an unencrypted connection that TLS would have let in (pg_hba's
 /// `hostssl`): what libpq's `allow` retries with TLS.
 pub fn is_encryption_required(e: &sqlx::Error) -> bool {

@@ -17,7 +17,7 @@ pub mod target;
 use sqlx::postgres::PgSslMode;
 use sqlx::{ConnectOptions, PgConnection};
 
-pub use failure::{ConnectFailure, FailureKind};
+pub use failure::{ConnectFailure, FailureKind, TRANSACTION_POOLING, behind_transaction_pooling};
 pub use options::APPLICATION_NAME;
 pub use target::DatabaseTarget;
 

@@ -13,6 +13,7 @@ use crate::broker::amqp::{AmqpConnector, AmqpSettings};
 use crate::broker::amqp10::{Amqp10Connector, Amqp10Settings};
 use crate::broker::{BrokerProtocol, Connector};
 use crate::config::RelayConfig;
+use crate::database::{TRANSACTION_POOLING, behind_transaction_pooling};
 use crate::metrics::Metrics;
 use crate::protocol::batch::BatchSettings;
 use crate::runtime::backoff::Backoff;
@@ -80,6 +81,9 @@ async fn inspect_with_retry(
                 match shape {
                     Ok(shape) => return Ok(Some(shape)),
                     Err(e) if e.is_user_error() => return Err(RunError::Table(e)),
+                    Err(InspectError::Database(e)) if behind_transaction_pooling(&e) => {
+                        warn!(database = %config.db.database, error = %e, "cannot inspect the table, retrying: {TRANSACTION_POOLING}");
+                    }
                     Err(e) => {
                         warn!(database = %config.db.database, error = %e, "PostgreSQL failed while inspecting the table; retrying");
                     }

@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::broker::{ConnectError, Connector, Publisher};
-use crate::database::DatabaseTarget;
+use crate::database::{DatabaseTarget, TRANSACTION_POOLING, behind_transaction_pooling};
 use crate::metrics::Metrics;
-use crate::protocol::batch::{BatchSettings, run_batch};
+use crate::protocol::batch::{BatchError, BatchSettings, run_batch};
 use crate::protocol::claim::ClaimStart;
 use crate::protocol::cursor::ClaimCursor;
 use crate::runtime::backoff::Backoff;
@@ -259,6 +259,12 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 } else if report.claimed == 0 && cursor.idle_after_empty_claim() {
                     idle(&ctx, &mut wake, seen_wake).await;
                 }
+            }
+            Err(BatchError::Database(e)) if behind_transaction_pooling(&e) => {
+                warn!(error = %e, "batch rolled back: {TRANSACTION_POOLING}");
+                cursor.reset();
+                drop_database(&mut db, lanes.as_mut(), &ctx.metrics);
+                pause(&ctx.shutdown, db.next_delay()).await;
             }
             Err(e) => {
                 warn!(error = %e, "batch rolled back; reconnecting to PostgreSQL");
