@@ -180,6 +180,7 @@ NAMESPACED_RULES = {
     ("outboxrelay.io", "outboxrelays/finalizers"): {"update"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("", "secrets"): {"get", "list", "watch"},
+    ("", "configmaps"): {"get", "list", "watch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"}}

@@ -8,6 +8,7 @@ use outbox_operator::reconcile::database::postgres::PostgresDatabase;
 use outbox_operator::reconcile::database::{LagQuery, MigrationRun, RelayDatabase};
 use outbox_operator::reconcile::validate::{RelayPlan, validate};
 use outbox_operator::{Error, OutboxRelaySpec};
+use outbox_relay::database::DatabaseTarget;
 use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::table::migrate::{IndexAction, MigrationReport};
 use sqlx::{Connection, PgConnection};
@@ -21,6 +22,11 @@ fn database_url() -> String {
 }
 
 /// The local server with [`CANARY`] as the password (trust authentication ignores it).
+/// The operator's connection to `url`, without a password file or TLS material of its own.
+fn target(url: SecretUrl) -> DatabaseTarget {
+    DatabaseTarget::from_url(url)
+}
+
 fn url_with_canary() -> SecretUrl {
     let mut url = url::Url::parse(&database_url()).expect("DATABASE_URL is a URL");
     url.set_password(Some(CANARY)).expect("a URL with a host");
@@ -119,7 +125,7 @@ fn plan_for(table: &str) -> RelayPlan {
 
 async fn migrate(table: &str) -> Result<MigrationRun, Error> {
     PostgresDatabase
-        .migrate(&url_with_canary(), &plan_for(table))
+        .migrate(&target(url_with_canary()), &plan_for(table))
         .await
 }
 
@@ -224,7 +230,7 @@ async fn an_unreachable_server_is_database_unreachable_without_the_password() {
     )
     .unwrap();
     let error = PostgresDatabase
-        .migrate(&url, &plan_for("outbox_messages"))
+        .migrate(&target(url), &plan_for("outbox_messages"))
         .await
         .unwrap_err();
     assert!(matches!(error, Error::DatabaseUnreachable(_)), "{error:?}");
@@ -278,7 +284,7 @@ async fn at_zero_pods_the_backlog_is_counted() {
         .await
         .unwrap();
     let lag = PostgresDatabase
-        .observe_lag(&url_with_canary(), &plan, query(0))
+        .observe_lag(&target(url_with_canary()), &plan, query(0))
         .await
         .unwrap();
     assert_eq!(lag.backlog, Some(30));
@@ -318,7 +324,11 @@ async fn at_zero_pods_an_open_snapshot_is_the_horizon_with_its_holder() {
     )
     .await;
     let secret = SecretUrl::parse(&url, UrlKind::Postgres).unwrap();
-    migrated(PostgresDatabase.migrate(&secret, &plan_for(table)).await);
+    migrated(
+        PostgresDatabase
+            .migrate(&target(secret.clone()), &plan_for(table))
+            .await,
+    );
     let application = format!("holder-{database}");
     execute_on(
         &mut holder,
@@ -333,7 +343,7 @@ async fn at_zero_pods_an_open_snapshot_is_the_horizon_with_its_holder() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let lag = PostgresDatabase
-        .observe_lag(&secret, &plan_for(table), query(0))
+        .observe_lag(&target(secret), &plan_for(table), query(0))
         .await
         .unwrap();
     execute_on(&mut holder, "ROLLBACK".into()).await;
@@ -372,7 +382,7 @@ async fn fresh_reports_are_summed_and_stale_ones_ignored() {
     // A pod that stopped reporting ten minutes ago no longer speaks for the relay.
     report(&table, "orders-gone", Some(1), 500.0, 600).await;
     let lag = PostgresDatabase
-        .observe_lag(&url_with_canary(), &plan_for(&table), query(2))
+        .observe_lag(&target(url_with_canary()), &plan_for(&table), query(2))
         .await
         .unwrap();
     assert_eq!(lag.backlog, Some(9_000));
@@ -391,7 +401,7 @@ async fn with_no_fresh_report_the_backlog_is_unknown() {
     migrated(migrate(&table).await);
     report(&table, "orders-gone", Some(5), 10.0, 600).await;
     let lag = PostgresDatabase
-        .observe_lag(&url_with_canary(), &plan_for(&table), query(3))
+        .observe_lag(&target(url_with_canary()), &plan_for(&table), query(3))
         .await
         .unwrap();
     assert_eq!(lag.backlog, None);
@@ -425,7 +435,7 @@ async fn a_problem_the_pods_report_reaches_the_lag_with_the_pods_that_have_it() 
             .unwrap();
     }
     let lag = PostgresDatabase
-        .observe_lag(&url_with_canary(), &plan_for(&table), query(3))
+        .observe_lag(&target(url_with_canary()), &plan_for(&table), query(3))
         .await
         .unwrap();
     let problem = lag.problem.expect("the pods' problem");

@@ -168,6 +168,38 @@ impl TestCluster {
     }
 
     /// The name lag reports carry for the relay: `<namespace>/<name>`.
+    /// Waits until the relay `name` shows `Ready=status` (with `reason`, unless empty) and
+    /// returns the condition as (status, reason, message); panics with the operator's log.
+    pub async fn wait_for_ready(
+        &self,
+        name: &str,
+        status: &str,
+        reason: &str,
+    ) -> (String, String, String) {
+        let relays = self.relays();
+        let found = crate::wait::for_value(
+            &format!("{name}: Ready={status} ({reason})"),
+            Duration::from_secs(150),
+            || async {
+                let relay = relays.get(name).await.ok()?;
+                ready_condition(&relay)
+                    .filter(|(s, r, _)| s == status && (reason.is_empty() || r == reason))
+            },
+        )
+        .await;
+        match found {
+            Ok(found) => found,
+            Err(e) => {
+                let relay = relays.get(name).await.ok();
+                panic!(
+                    "{e}: {:?}\n{}",
+                    relay.as_ref().and_then(ready_condition),
+                    self.operator.log_text()
+                )
+            }
+        }
+    }
+
     pub fn report_name(&self, relay: &str) -> String {
         format!("{}/{relay}", self.namespace)
     }
@@ -342,6 +374,17 @@ impl OperatorProcess {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// The Ready condition of `relay` as (status, reason, message).
+pub fn ready_condition(relay: &OutboxRelay) -> Option<(String, String, String)> {
+    let conditions = &relay.status.as_ref()?.conditions;
+    let found = conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((
+        found.status.clone(),
+        found.reason.clone(),
+        found.message.clone(),
+    ))
 }
 
 /// The Secrets [`relay_spec`] refers to, holding the local PostgreSQL and RabbitMQ URLs.

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use outbox_operator::OutboxRelay;
 use outbox_operator::crd::{BrokerProtocol, OutboxRelaySpec};
 use outbox_tests::amqp10::{self, ARTEMIS_REFUSED_PREFIX, ARTEMIS_URL};
 use outbox_tests::cluster::{TestCluster, create_url_secret, relay_spec};
@@ -14,17 +13,6 @@ use outbox_tests::{db, unique, wait};
 
 const ROWS: u64 = 3_000;
 const BROKER_SECRET: &str = "artemis";
-
-/// The Ready condition as (status, reason, message).
-fn ready(relay: &OutboxRelay) -> Option<(String, String, String)> {
-    let conditions = &relay.status.as_ref()?.conditions;
-    let found = conditions.iter().find(|c| c.type_ == "Ready")?;
-    Some((
-        found.status.clone(),
-        found.reason.clone(),
-        found.message.clone(),
-    ))
-}
 
 /// A spec relaying `table` over AMQP 1.0 to `address`, with the broker URL from the test's
 /// own Secret.
@@ -35,35 +23,6 @@ fn amqp10_spec(table: &str, address: &str) -> OutboxRelaySpec {
     spec.broker.address = Some(address.to_string());
     spec.broker.url_secret_ref.name = BROKER_SECRET.into();
     spec
-}
-
-async fn wait_for_ready_reason(
-    cluster: &TestCluster,
-    name: &str,
-    status: &str,
-    reason: &str,
-) -> (String, String, String) {
-    let relays = cluster.relays();
-    let found = wait::for_value(
-        &format!("{name}: Ready={status} ({reason})"),
-        Duration::from_secs(120),
-        || async {
-            let relay = relays.get(name).await.ok()?;
-            ready(&relay).filter(|(s, r, _)| s == status && (reason.is_empty() || r == reason))
-        },
-    )
-    .await;
-    match found {
-        Ok(found) => found,
-        Err(e) => {
-            let relay = relays.get(name).await.ok();
-            panic!(
-                "{e}: {:?}\n{}",
-                relay.as_ref().and_then(ready),
-                cluster.operator.log_text()
-            )
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -84,7 +43,7 @@ async fn an_amqp10_relay_delivers_through_the_operator_and_names_a_refused_addre
     cluster
         .create_relay("invoices", amqp10_spec(&name, &name))
         .await;
-    wait_for_ready_reason(&cluster, "invoices", "True", "").await;
+    cluster.wait_for_ready("invoices", "True", "").await;
 
     // What the operator gave the pod: the AMQP 1.0 flags, the URL in BROKER_URL, no exchange.
     let deployment = cluster.deployments().get("invoices").await.unwrap();
@@ -144,8 +103,9 @@ async fn an_amqp10_relay_delivers_through_the_operator_and_names_a_refused_addre
     cluster
         .create_relay("refused", amqp10_spec(&refused_table, &address))
         .await;
-    let (_, _, message) =
-        wait_for_ready_reason(&cluster, "refused", "False", "AddressNotFound").await;
+    let (_, _, message) = cluster
+        .wait_for_ready("refused", "False", "AddressNotFound")
+        .await;
     assert!(message.contains(&address), "{message}");
     assert_eq!(db::pending(&mut refused_conn, &refused).await, 5);
 

@@ -113,6 +113,16 @@ fn kubectl_explain_prints_the_field_docs() {
         text.contains("DESCRIPTION") && text.lines().count() > 4,
         "{text}"
     );
+    let text = plane
+        .kubectl_ok(&["explain", "outboxrelays.spec.database.tls"])
+        .unwrap();
+    for field in ["mode", "ca", "clientCertificateSecretRef", "sslmode"] {
+        assert!(text.contains(field), "explain lacks {field}:\n{text}");
+    }
+    let text = plane
+        .kubectl_ok(&["explain", "outboxrelays.spec.broker.passwordSecretRef"])
+        .unwrap();
+    assert!(text.contains("mounted as a file"), "{text}");
 }
 
 #[test]
@@ -164,6 +174,41 @@ fn invalid_outbox_relays_are_refused_with_the_field_named() {
     let ns = namespace(plane, "invalid");
     let (ok, out) = apply(plane, &ns, &relay("valid", BASE));
     assert!(ok, "the base spec must be valid: {out}");
+    let secure = BASE
+        .replace(
+            "    table: outbox_messages\n",
+            "    table: outbox_messages\n    passwordSecretRef: {name: db-password}\n    tls:\n      \
+             ca: {configMapKeyRef: {name: company-ca}}\n      clientCertificateSecretRef: {name: db-client}\n",
+        )
+        .replace(
+            "    exchange: outbox\n",
+            "    exchange: outbox\n    passwordSecretRef: {name: amqp-password, key: pw}\n    \
+             tls: {ca: {secretKeyRef: {name: rabbit-ca}}}\n",
+        );
+    let (ok, out) = apply(plane, &ns, &relay("secure", &secure));
+    assert!(
+        ok,
+        "every connection-security field together is valid: {out}"
+    );
+    let applied = plane
+        .kubectl_ok(&[
+            "get",
+            "obr",
+            "secure",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.spec.database.tls}",
+        ])
+        .unwrap();
+    // The API server filled in the defaults: verify-full, and the CA's key.
+    assert!(
+        applied.contains("\"mode\":\"verify-full\"") && applied.contains("\"key\":\"ca.crt\""),
+        "{applied}"
+    );
+    plane
+        .kubectl_ok(&["delete", "obr", "secure", "-n", &ns])
+        .unwrap();
 
     let cases: &[(&str, String, &[&str])] = &[
         (
@@ -274,6 +319,45 @@ fn invalid_outbox_relays_are_refused_with_the_field_named() {
                 "spec.database.columns.partitionKey",
                 "only has a meaning with relay.ordering perKey",
             ],
+        ),
+        (
+            "verify-ca without a CA (CEL)",
+            BASE.replace(
+                "    table: outbox_messages\n",
+                "    table: outbox_messages\n    tls: {mode: verify-ca}\n",
+            ),
+            &["spec.database.tls.ca", "mode verify-ca checks"],
+        ),
+        (
+            "a CA with a mode that verifies nothing (CEL)",
+            BASE.replace(
+                "    table: outbox_messages\n",
+                "    table: outbox_messages\n    tls: {mode: prefer, ca: {secretKeyRef: {name: db-ca}}}\n",
+            ),
+            &["spec.database.tls.ca", "only used to verify"],
+        ),
+        (
+            "a client certificate with TLS disabled (CEL)",
+            BASE.replace(
+                "    table: outbox_messages\n",
+                "    table: outbox_messages\n    tls: {mode: disable, clientCertificateSecretRef: {name: c}}\n",
+            ),
+            &["spec.database.tls.clientCertificateSecretRef", "mode disable"],
+        ),
+        (
+            "a CA from both a Secret and a ConfigMap (CEL)",
+            format!(
+                "{BASE}    tls: {{ca: {{secretKeyRef: {{name: a}}, configMapKeyRef: {{name: b}}}}}}\n"
+            ),
+            &["spec.broker.tls.ca", "exactly one of secretKeyRef and configMapKeyRef"],
+        ),
+        (
+            "an sslmode libpq does not know",
+            BASE.replace(
+                "    table: outbox_messages\n",
+                "    table: outbox_messages\n    tls: {mode: strict}\n",
+            ),
+            &["spec.database.tls.mode", "verify-full"],
         ),
         (
             "an unknown protocol",

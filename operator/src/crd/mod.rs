@@ -4,6 +4,8 @@
 //! reads like a manual. Defaults live in `#[serde(default = ...)]` so that they show up in the
 //! schema (the API server fills them in) and in Rust (tests and old objects get the same values).
 
+pub mod tls;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
@@ -13,6 +15,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+pub use self::tls::{
+    BrokerTlsSpec, CaKeyRef, CaSource, DatabaseTlsSpec, PasswordSecretRef, PostgresTlsMode,
+    TlsSecretRef,
+};
 
 /// API group of every resource this operator defines.
 pub const GROUP: &str = "outboxrelay.io";
@@ -119,6 +126,14 @@ pub struct DatabaseSpec {
     /// Secret key holding the PostgreSQL URL (postgres://user:password@host:5432/db). Never
     /// give the URL by value.
     pub url_secret_ref: SecretKeyRef,
+    /// A Secret key holding the password, mounted into the relay pods as a file read at every
+    /// new connection (a rotated password or cloud token is used without a restart); it wins
+    /// over a password in the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<PasswordSecretRef>,
+    /// TLS to the database. Absent: the URL's own sslmode (libpq's default, prefer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<DatabaseTlsSpec>,
     /// The outbox table, optionally schema-qualified (`schema.table`).
     #[serde(default = "defaults::table")]
     #[schemars(regex(pattern = r"^([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
@@ -231,6 +246,13 @@ pub struct BrokerSpec {
     /// URL by value. With protocol amqp10: amqp://user:password@host:5672 (SASL PLAIN; for
     /// Azure Service Bus the shared-access policy name and its key).
     pub url_secret_ref: SecretKeyRef,
+    /// A Secret key holding the broker password, mounted as a file read at every connect; it
+    /// wins over a password in the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<PasswordSecretRef>,
+    /// TLS settings for an amqps:// URL: the CA to trust and a client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BrokerTlsSpec>,
     /// Wire protocol. amqp091: RabbitMQ's own protocol, publishing to `exchange`. amqp10: AMQP
     /// 1.0 (Azure Service Bus, ActiveMQ Artemis, RabbitMQ's AMQP 1.0 plugin), a sender link to
     /// `address`; exchange, routingKey, mandatory, deadLetterExchange, publisherConfirms: false

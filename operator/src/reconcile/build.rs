@@ -25,6 +25,10 @@ use outbox_relay::table::outbox::DeliveryOrder;
 use crate::crd::{BrokerProtocol, BrokerSpec, OutboxRelay, SecretKeyRef};
 use crate::reconcile::validate::RelayPlan;
 
+use self::files::ConnectionFiles;
+
+mod files;
+
 /// Where the relay binary lives in the shared image.
 pub const RELAY_BINARY: &str = "/usr/local/bin/outbox-relay";
 /// The relay serves /metrics, /healthz and /readyz here.
@@ -109,6 +113,7 @@ pub fn build_deployment(
 ) -> Deployment {
     let spec = &relay.spec.relay;
     let labels = recommended_labels(relay);
+    let files = ConnectionFiles::of(&relay.spec);
 
     let mut pod_labels = spec.pod_labels.clone();
     // Ours win: a user label must not break the selector.
@@ -134,25 +139,31 @@ pub fn build_deployment(
         ),
         image_pull_policy: Some(spec.image_pull_policy.as_str().into()),
         command: Some(vec![RELAY_BINARY.into()]),
-        args: Some(relay_args(relay, plan)),
-        env: Some(vec![
-            secret_env("DATABASE_URL", &relay.spec.database.url_secret_ref),
-            secret_env(
-                broker_url_env(&relay.spec.broker),
-                &relay.spec.broker.url_secret_ref,
-            ),
-            EnvVar {
-                name: "POD_NAME".into(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.name".into(),
+        args: Some(relay_args(relay, plan, &files)),
+        env: Some(
+            [
+                secret_env("DATABASE_URL", &relay.spec.database.url_secret_ref),
+                secret_env(
+                    broker_url_env(&relay.spec.broker),
+                    &relay.spec.broker.url_secret_ref,
+                ),
+                EnvVar {
+                    name: "POD_NAME".into(),
+                    value_from: Some(EnvVarSource {
+                        field_ref: Some(ObjectFieldSelector {
+                            field_path: "metadata.name".into(),
+                            ..Default::default()
+                        }),
                         ..Default::default()
                     }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            },
-        ]),
+                },
+            ]
+            .into_iter()
+            .chain(files.env.iter().cloned())
+            .collect(),
+        ),
+        volume_mounts: files.any().then(|| files.mounts.clone()),
         ports: Some(vec![ContainerPort {
             name: Some(METRICS_PORT_NAME.into()),
             container_port: METRICS_PORT,
@@ -194,8 +205,11 @@ pub fn build_deployment(
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             seccomp_profile: Some(runtime_default_seccomp()),
+            // The mounted keys are group-readable only; the relay's user reads them as group.
+            fs_group: files.any().then_some(NON_ROOT_UID),
             ..Default::default()
         }),
+        volumes: files.any().then(|| files.volumes.clone()),
         ..Default::default()
     };
 
@@ -232,7 +246,7 @@ pub fn build_deployment(
 }
 
 /// The `outbox-relay run` arguments, exactly the relay's flag names.
-fn relay_args(relay: &OutboxRelay, plan: &RelayPlan) -> Vec<String> {
+fn relay_args(relay: &OutboxRelay, plan: &RelayPlan, files: &ConnectionFiles) -> Vec<String> {
     let spec = &relay.spec;
     let amqp10 = spec.broker.protocol == BrokerProtocol::Amqp10;
     let options = RunArgs {
@@ -243,8 +257,13 @@ fn relay_args(relay: &OutboxRelay, plan: &RelayPlan) -> Vec<String> {
             // Only per-key is rendered: unordered Deployments stay as they were.
             ordering: (plan.table.ordering == DeliveryOrder::PerKey).then_some(plan.table.ordering),
             relay_name: Some(report_name(relay)),
+            database_password_file: files.database_password_file.clone(),
             ..Default::default()
         },
+        broker_password_file: files.broker_password_file.clone(),
+        broker_ca_file: files.broker_ca_file.clone(),
+        broker_client_cert: files.broker_client_cert.clone(),
+        broker_client_key: files.broker_client_key.clone(),
         // Under amqp10 the 0-9-1 options stay unrendered: the relay refuses them there (and
         // validation has refused a spec that sets them). Under amqp091 the protocol flag stays
         // unrendered too, so Deployments made before it existed keep their hash.

@@ -12,7 +12,7 @@ pub mod postgres;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::database::DatabaseTarget;
 use outbox_relay::table::health::TableHealth;
 use outbox_relay::table::migrate::MigrationReport;
 
@@ -24,14 +24,14 @@ pub trait RelayDatabase: Send + Sync {
     /// Applies the outbox migration of `plan` (idempotent: a valid index is left alone).
     fn migrate<'a>(
         &'a self,
-        url: &'a SecretUrl,
+        database: &'a DatabaseTarget,
         plan: &'a RelayPlan,
     ) -> BoxFuture<'a, Result<MigrationRun, Error>>;
 
     /// The relay's lag as its pods reported it, or as counted now when none runs.
     fn observe_lag<'a>(
         &'a self,
-        url: &'a SecretUrl,
+        database: &'a DatabaseTarget,
         plan: &'a RelayPlan,
         query: LagQuery,
     ) -> BoxFuture<'a, Result<LagObservation, Error>>;

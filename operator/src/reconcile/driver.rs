@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -79,7 +79,8 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
     let generation = relay.metadata.generation;
 
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let secrets = dereference_secrets(&secrets_api, &relay.spec).await?;
+    let config_maps_api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secrets = dereference_secrets(&secrets_api, &config_maps_api, &relay.spec).await?;
 
     let plan = validate(&relay.spec).map_err(Error::InvalidSpec)?;
 
@@ -89,8 +90,7 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         secrets_fingerprint: secrets.fingerprint(),
     };
     let database = ctx.database.as_ref();
-    let migration =
-        migrate_once(&ctx.migrations, database, key, &secrets.database_url, &plan).await?;
+    let migration = migrate_once(&ctx.migrations, database, key, &secrets.database, &plan).await?;
     announce_migration(&ctx.recorder, relay, &migration).await;
 
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -98,7 +98,7 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         &deployments,
         &name,
         database,
-        &secrets.database_url,
+        &secrets.database,
         &plan,
         &relay_name,
     )

@@ -18,6 +18,18 @@ pub enum Error {
     },
     #[error("reading a Secret failed: {0}")]
     ReadSecret(#[source] kube::Error),
+    #[error("ConfigMap {name} not found in the relay's namespace")]
+    ConfigMapNotFound { name: String },
+    #[error("ConfigMap {name} has no key {key}")]
+    ConfigMapKeyMissing { name: String, key: String },
+    #[error("the value of key {key} in ConfigMap {name} {reason}")]
+    ConfigMapValueInvalid {
+        name: String,
+        key: String,
+        reason: String,
+    },
+    #[error("reading a ConfigMap failed: {0}")]
+    ReadConfigMap(#[source] kube::Error),
     #[error("invalid spec: {0}")]
     InvalidSpec(#[source] SpecErrors),
     /// The message is already redacted: it never carries the URL's password.
@@ -58,6 +70,10 @@ impl Error {
             Error::SecretKeyMissing { .. } => "secret_key_missing",
             Error::SecretValueInvalid { .. } => "secret_value_invalid",
             Error::ReadSecret(_) => "read_secret",
+            Error::ConfigMapNotFound { .. } => "config_map_not_found",
+            Error::ConfigMapKeyMissing { .. } => "config_map_key_missing",
+            Error::ConfigMapValueInvalid { .. } => "config_map_value_invalid",
+            Error::ReadConfigMap(_) => "read_config_map",
             Error::InvalidSpec(_) => "invalid_spec",
             Error::DatabaseUnreachable(_) => "database_unreachable",
             Error::DatabaseRefused { .. } => "database_refused",
@@ -79,6 +95,9 @@ impl Error {
             Error::SecretNotFound { .. } => Some("SecretNotFound"),
             Error::SecretKeyMissing { .. } => Some("SecretKeyMissing"),
             Error::SecretValueInvalid { .. } => Some("SecretValueInvalid"),
+            Error::ConfigMapNotFound { .. } => Some("ConfigMapNotFound"),
+            Error::ConfigMapKeyMissing { .. } => Some("ConfigMapKeyMissing"),
+            Error::ConfigMapValueInvalid { .. } => Some("ConfigMapValueInvalid"),
             Error::InvalidSpec(_) => Some("InvalidSpec"),
             Error::DatabaseUnreachable(_) => Some("DatabaseUnreachable"),
             Error::DatabaseRefused { reason, .. } => Some(reason),
@@ -94,6 +113,7 @@ impl Error {
                 Some("DeploymentRejected")
             }
             Error::ReadSecret(_)
+            | Error::ReadConfigMap(_)
             | Error::ObserveDeployment(_)
             | Error::ApplyDeployment(_)
             | Error::PatchStatus(_) => None,
@@ -128,6 +148,16 @@ mod tests {
                 name: "db".into(),
                 key: "url".into(),
                 reason: "has no host".into(),
+            },
+            Error::ConfigMapNotFound { name: "ca".into() },
+            Error::ConfigMapKeyMissing {
+                name: "ca".into(),
+                key: "ca.crt".into(),
+            },
+            Error::ConfigMapValueInvalid {
+                name: "ca".into(),
+                key: "ca.crt".into(),
+                reason: "holds no PEM certificate".into(),
             },
             Error::InvalidSpec(SpecErrors(vec![])),
             Error::DatabaseUnreachable("refused".into()),

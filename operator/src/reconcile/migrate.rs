@@ -3,7 +3,7 @@
 //! relay is migrated once more, which is cheap because the migration is idempotent (it finds
 //! the index valid and does nothing).
 
-use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::database::DatabaseTarget;
 use outbox_relay::table::migrate::MigrationReport;
 
 use crate::reconcile::database::{MigrationRun, RelayDatabase};
@@ -45,13 +45,13 @@ pub async fn migrate_once(
     memory: &MigrationMemory,
     database: &dyn RelayDatabase,
     key: MigrationKey,
-    database_url: &SecretUrl,
+    target: &DatabaseTarget,
     plan: &RelayPlan,
 ) -> Result<MigrationOutcome, Error> {
     if already_migrated(memory, &key) {
         return Ok(MigrationOutcome::AlreadyMigrated);
     }
-    match database.migrate(database_url, plan).await? {
+    match database.migrate(target, plan).await? {
         MigrationRun::Migrated(report) => {
             memory.put(&key.relay_uid.clone(), key);
             Ok(MigrationOutcome::Migrated(report))

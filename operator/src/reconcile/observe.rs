@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Api;
-use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::database::DatabaseTarget;
 
 use crate::reconcile::database::{LagObservation, LagQuery, RelayDatabase};
 use crate::reconcile::error::Error;
@@ -33,7 +33,7 @@ pub async fn observe(
     deployments: &Api<Deployment>,
     name: &str,
     database: &dyn RelayDatabase,
-    database_url: &SecretUrl,
+    target: &DatabaseTarget,
     plan: &RelayPlan,
     relay_name: &str,
 ) -> Result<Observed, Error> {
@@ -55,7 +55,7 @@ pub async fn observe(
             .map_or(MANUAL_STALE_AFTER, |s| s.stale_after),
     };
     let lag = database
-        .observe_lag(database_url, plan, query)
+        .observe_lag(target, plan, query)
         .await
         .map_err(|error| {
             tracing::warn!(%error, "lag not observed this round");

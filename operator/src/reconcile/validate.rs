@@ -11,7 +11,9 @@ use outbox_relay::table::ident::{Ident, TableName};
 use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::table::{Columns, OutboxTable};
 
-use crate::crd::{BrokerProtocol, OutboxRelaySpec, RelayOrdering, ScalingRules, ScalingSpec};
+use crate::crd::{
+    BrokerProtocol, OutboxRelaySpec, PostgresTlsMode, RelayOrdering, ScalingRules, ScalingSpec,
+};
 
 /// One problem with the spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +164,7 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         check.short_string("spec.broker.deadLetterExchange", dlx);
     }
     check_protocol(&mut check, spec);
+    check_tls(&mut check, spec);
     match (spec.relay.ordering, &db.columns.partition_key) {
         (RelayOrdering::PerKey, None) => check.fail(
             "spec.relay.ordering",
@@ -260,6 +263,53 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
 
 /// The broker options that belong to the other protocol, refused as the relay would refuse
 /// them (the CRD's rules say the same at `kubectl apply`).
+/// The schema's rules on the TLS blocks, for objects that reached the operator without them.
+fn check_tls(check: &mut Checker, spec: &OutboxRelaySpec) {
+    let database_ca = spec.database.tls.as_ref().and_then(|t| t.ca.as_ref());
+    let broker_ca = spec.broker.tls.as_ref().and_then(|t| t.ca.as_ref());
+    for (path, ca) in [
+        ("spec.database.tls.ca", database_ca),
+        ("spec.broker.tls.ca", broker_ca),
+    ] {
+        if let Some(ca) = ca
+            && ca.secret_key_ref.is_some() == ca.config_map_key_ref.is_some()
+        {
+            check.fail(
+                path,
+                "give the CA in exactly one of secretKeyRef and configMapKeyRef",
+            );
+        }
+    }
+    let Some(tls) = &spec.database.tls else {
+        return;
+    };
+    let verifies = matches!(
+        tls.mode,
+        PostgresTlsMode::Require | PostgresTlsMode::VerifyCa | PostgresTlsMode::VerifyFull
+    );
+    if tls.mode == PostgresTlsMode::VerifyCa && tls.ca.is_none() {
+        check.fail(
+            "spec.database.tls.ca",
+            "mode verify-ca checks the server's certificate against a CA you give: set ca, or \
+             use verify-full, which without ca trusts the system's CA store",
+        );
+    }
+    if tls.ca.is_some() && !verifies {
+        check.fail(
+            "spec.database.tls.ca",
+            "is only used to verify the server with mode require, verify-ca or verify-full: \
+             use verify-full",
+        );
+    }
+    if tls.mode == PostgresTlsMode::Disable && tls.client_certificate_secret_ref.is_some() {
+        check.fail(
+            "spec.database.tls.clientCertificateSecretRef",
+            "mode disable never uses TLS, so a client certificate cannot be presented: remove \
+             it or choose a mode that uses TLS",
+        );
+    }
+}
+
 fn check_protocol(check: &mut Checker, spec: &OutboxRelaySpec) {
     let broker = &spec.broker;
     let p = "spec.broker";
@@ -474,6 +524,46 @@ mod tests {
         assert_eq!(plan.poll_interval, Duration::from_millis(200));
         assert!(plan.scaling.is_none());
         assert!(!plan.migration.covering_index);
+    }
+
+    #[test]
+    fn tls_combinations_the_schema_refuses_are_refused_here_too() {
+        use crate::crd::{CaKeyRef, CaSource, DatabaseTlsSpec, TlsSecretRef};
+        let both = CaSource {
+            secret_key_ref: Some(CaKeyRef {
+                name: "a".into(),
+                key: "ca.crt".into(),
+            }),
+            config_map_key_ref: Some(CaKeyRef {
+                name: "b".into(),
+                key: "ca.crt".into(),
+            }),
+        };
+        let mut spec = sample_spec();
+        spec.database.tls = Some(DatabaseTlsSpec {
+            mode: PostgresTlsMode::Disable,
+            ca: Some(both),
+            client_certificate_secret_ref: Some(TlsSecretRef { name: "c".into() }),
+        });
+        let paths: Vec<String> = messages(&spec)
+            .iter()
+            .map(|m| m.split(':').next().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.database.tls.ca",
+                "spec.database.tls.ca",
+                "spec.database.tls.clientCertificateSecretRef"
+            ]
+        );
+        spec.database.tls = Some(DatabaseTlsSpec {
+            mode: PostgresTlsMode::VerifyCa,
+            ..Default::default()
+        });
+        assert!(messages(&spec)[0].contains("mode verify-ca checks"));
+        spec.database.tls = Some(DatabaseTlsSpec::default());
+        assert!(validate(&spec).is_ok());
     }
 
     #[test]

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
 
 use crate::crd::OutboxRelay;
-use crate::reconcile::dereference::referenced_secret_names;
+use crate::reconcile::dereference::{referenced_config_map_names, referenced_secret_names};
 use crate::reconcile::{Context, error_policy, reconcile};
 
 /// The relays in `store` that refer to the Secret `name` in `namespace`.
@@ -20,12 +20,29 @@ pub fn relays_referencing(
     namespace: Option<&str>,
     name: &str,
 ) -> Vec<ObjectRef<OutboxRelay>> {
+    relays_naming(store, namespace, name, referenced_secret_names)
+}
+
+/// The relays in `store` that refer to the ConfigMap `name` in `namespace` (a CA bundle).
+pub fn relays_referencing_config_map(
+    store: &Store<OutboxRelay>,
+    namespace: Option<&str>,
+    name: &str,
+) -> Vec<ObjectRef<OutboxRelay>> {
+    relays_naming(store, namespace, name, referenced_config_map_names)
+}
+
+fn relays_naming(
+    store: &Store<OutboxRelay>,
+    namespace: Option<&str>,
+    name: &str,
+    names: fn(&crate::crd::OutboxRelaySpec) -> Vec<&str>,
+) -> Vec<ObjectRef<OutboxRelay>> {
     store
         .state()
         .iter()
         .filter(|relay| {
-            relay.namespace().as_deref() == namespace
-                && referenced_secret_names(&relay.spec).contains(&name)
+            relay.namespace().as_deref() == namespace && names(&relay.spec).contains(&name)
         })
         .map(|relay| ObjectRef::from_obj(relay.as_ref()))
         .collect()
@@ -38,21 +55,28 @@ pub async fn run_controller(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (relays, deployments, secrets): (Api<OutboxRelay>, Api<Deployment>, Api<Secret>) =
-        match &namespace {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client, ns),
-            ),
-            None => (
-                Api::all(client.clone()),
-                Api::all(client.clone()),
-                Api::all(client),
-            ),
-        };
+    let (relays, deployments, secrets, config_maps): (
+        Api<OutboxRelay>,
+        Api<Deployment>,
+        Api<Secret>,
+        Api<ConfigMap>,
+    ) = match &namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client, ns),
+        ),
+        None => (
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all(client),
+        ),
+    };
     let controller = Controller::new(relays, watcher::Config::default().any_semantic());
     let store = controller.store();
+    let config_map_store = store.clone();
     controller
         .owns(
             deployments,
@@ -66,6 +90,17 @@ pub async fn run_controller(
                     &store,
                     secret.metadata.namespace.as_deref(),
                     &secret.name_any(),
+                )
+            },
+        )
+        .watches(
+            config_maps,
+            watcher::Config::default(),
+            move |config_map: ConfigMap| {
+                relays_referencing_config_map(
+                    &config_map_store,
+                    config_map.metadata.namespace.as_deref(),
+                    &config_map.name_any(),
                 )
             },
         )

@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use futures::future::{BoxFuture, FutureExt, ready};
-use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::database::DatabaseTarget;
 use outbox_relay::table::migrate::{IndexAction, MigrationReport};
 
 use crate::reconcile::database::{LagObservation, LagQuery, MigrationRun, RelayDatabase};
@@ -108,7 +108,7 @@ impl ScriptedDatabase {
 impl RelayDatabase for ScriptedDatabase {
     fn migrate<'a>(
         &'a self,
-        _url: &'a SecretUrl,
+        _database: &'a DatabaseTarget,
         plan: &'a RelayPlan,
     ) -> BoxFuture<'a, Result<MigrationRun, Error>> {
         self.record(DatabaseCall::Migrate(plan.table.name.to_string()));
@@ -118,7 +118,7 @@ impl RelayDatabase for ScriptedDatabase {
 
     fn observe_lag<'a>(
         &'a self,
-        _url: &'a SecretUrl,
+        _database: &'a DatabaseTarget,
         _plan: &'a RelayPlan,
         query: LagQuery,
     ) -> BoxFuture<'a, Result<LagObservation, Error>> {

@@ -159,6 +159,9 @@ fn trust_hint(resolved: &Resolved) -> String {
             "sslrootcert {path} is not the CA that signed it: give the server's CA with \
              sslrootcert=FILE in the URL (or PGSSLROOTCERT)"
         ),
+        RootCert::Given(origin) => {
+            format!("the CA in {origin} is not the CA that signed it: put the server's CA there")
+        }
         RootCert::System | RootCert::Default => "the system's CA store does not hold its CA: give \
              the server's CA with sslrootcert=FILE in the URL (or PGSSLROOTCERT)"
             .into(),
@@ -190,7 +193,7 @@ fn tls_failure(e: &rustls::Error, resolved: &Resolved) -> ConnectFailure {
         rustls::Error::InconsistentKeys(_) => {
             "sslkey is not the private key of sslcert: give the key that belongs to the client certificate".into()
         }
-        rustls::Error::AlertReceived(alert) if resolved.client_cert.is_some() => format!(
+        rustls::Error::AlertReceived(alert) if resolved.client_certificate => format!(
             "the database server refused the client certificate ({alert:?}): check that sslcert \
              is signed by a CA the server trusts (ssl_ca_file) and sslkey belongs to it"
         ),
@@ -212,11 +215,10 @@ fn auth_failure(
     let user = &resolved.user;
     let message = match code {
         // invalid_password: also what md5 and SCRAM answer for a wrong password.
-        "28P01" => match target.password_file() {
-            Some(path) => format!(
-                "password authentication failed for user {user}: the password in {} is not the \
-                 one the server has (rotated on one side only?)",
-                path.display()
+        "28P01" => match target.password_origin() {
+            Some(origin) => format!(
+                "password authentication failed for user {user}: the password in {origin} is not \
+                 the one the server has (rotated on one side only?)"
             ),
             None if !resolved.password_given => format!(
                 "password authentication failed for user {user}: the server asks for a password \

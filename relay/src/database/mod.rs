@@ -19,7 +19,7 @@ use sqlx::{ConnectOptions, PgConnection};
 
 pub use failure::{ConnectFailure, FailureKind, TRANSACTION_POOLING, behind_transaction_pooling};
 pub use options::APPLICATION_NAME;
-pub use target::DatabaseTarget;
+pub use target::{DatabaseTarget, Pem, TlsMaterial};
 
 /// The options for a new connection to `target`, its password file (if any) read now, so a
 /// password rewritten since the last connection is the one used; the TLS files checked, since
@@ -27,9 +27,9 @@ pub use target::DatabaseTarget;
 fn prepare(target: &DatabaseTarget) -> Result<options::Resolved, ConnectFailure> {
     let password = match target.password_file() {
         Some(path) => Some(password_file::read(path).map_err(ConnectFailure::password_file)?),
-        None => None,
+        None => target.given_password().map(str::to_string),
     };
-    let resolved = options::resolve(target.url().expose(), password.as_deref())
+    let resolved = options::resolve(target.url().expose(), password.as_deref(), target.tls())
         .map_err(ConnectFailure::settings)?;
     for (setting, path) in resolved.files() {
         if let Err(e) = std::fs::File::open(path) {

@@ -15,6 +15,8 @@ use log::LevelFilter;
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
+use super::target::TlsMaterial;
+
 pub const APPLICATION_NAME: &str = "outbox-relay";
 
 /// A statement slower than this is logged by sqlx, at debug level only: a concurrent index
@@ -31,6 +33,8 @@ pub enum RootCert {
     System,
     /// A CA file (added to the system's store: see the README's "Connecting securely").
     File(String),
+    /// A CA held in memory (the operator's, from a Secret or ConfigMap), named by its origin.
+    Given(String),
 }
 
 /// The options and the facts a failure message needs. Its `Debug` leaves the options out: the
@@ -43,6 +47,8 @@ pub struct Resolved {
     /// The client certificate and key files (`sslcert`, `sslkey`), when given.
     pub client_cert: Option<String>,
     pub client_key: Option<String>,
+    /// A client certificate is offered, from files or from memory.
+    pub client_certificate: bool,
     pub host: String,
     pub user: String,
     /// A password came from the URL or a password file (not `PGPASSWORD` alone).
@@ -66,8 +72,13 @@ pub enum SettingsError {
     Invalid { reason: String },
 }
 
-/// `url` as options, with `password` (from a password file) in place of the URL's.
-pub fn resolve(url: &str, password: Option<&str>) -> Result<Resolved, SettingsError> {
+/// `url` as options, with `password` (from a password file) in place of the URL's, and `tls`
+/// (settings held in memory) where the URL sets nothing, ahead of libpq's environment.
+pub fn resolve(
+    url: &str,
+    password: Option<&str>,
+    tls: Option<&TlsMaterial>,
+) -> Result<Resolved, SettingsError> {
     let parsed = url::Url::parse(url).map_err(|e| SettingsError::Invalid {
         reason: e.to_string(),
     })?;
@@ -79,9 +90,19 @@ pub fn resolve(url: &str, password: Option<&str>) -> Result<Resolved, SettingsEr
             .last()
     };
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let mode_text = param(&["sslmode", "ssl-mode"]).or_else(|| env("PGSSLMODE"));
-    let root_text =
-        param(&["sslrootcert", "ssl-root-cert", "ssl-ca"]).or_else(|| env("PGSSLROOTCERT"));
+    let given_mode = tls.map(|tls| mode_name(tls.mode).to_string());
+    let mode_text = param(&["sslmode", "ssl-mode"])
+        .or(given_mode)
+        .or_else(|| env("PGSSLMODE"));
+    let given_root = tls.map(|tls| match (&tls.ca, tls.mode) {
+        (Some(pem), _) => pem.origin.clone(),
+        (None, PgSslMode::VerifyFull) => "system".to_string(),
+        // Nothing to verify against, and a mode that does not ask for it.
+        (None, _) => String::new(),
+    });
+    let root_text = param(&["sslrootcert", "ssl-root-cert", "ssl-ca"])
+        .or(given_root.filter(|root| !root.is_empty()))
+        .or_else(|| env("PGSSLROOTCERT"));
     let explicit_mode = match &mode_text {
         Some(text) => Some(
             PgSslMode::from_str(text).map_err(|_| SettingsError::UnknownMode {
@@ -90,9 +111,13 @@ pub fn resolve(url: &str, password: Option<&str>) -> Result<Resolved, SettingsEr
         ),
         None => None,
     };
+    let given_ca = tls.and_then(|tls| tls.ca.as_ref());
     let root_cert = match root_text.as_deref() {
         None => RootCert::Default,
         Some("system") => RootCert::System,
+        Some(origin) if given_ca.is_some_and(|pem| pem.origin == origin) => {
+            RootCert::Given(origin.to_string())
+        }
         Some(path) => RootCert::File(path.to_string()),
     };
 
@@ -123,7 +148,7 @@ pub fn resolve(url: &str, password: Option<&str>) -> Result<Resolved, SettingsEr
                 mode: mode_name(weaker).into(),
             });
         }
-        (RootCert::File(_), Some(PgSslMode::Require)) => PgSslMode::VerifyCa,
+        (RootCert::File(_) | RootCert::Given(_), Some(PgSslMode::Require)) => PgSslMode::VerifyCa,
         (_, Some(mode)) => mode,
         (_, None) => PgSslMode::Prefer,
     };
@@ -132,6 +157,9 @@ pub fn resolve(url: &str, password: Option<&str>) -> Result<Resolved, SettingsEr
         // An empty PEM adds nothing to the system's store, which is what `system` asks for; it
         // also overrides a PGSSLROOTCERT=system that sqlx took for a file name.
         options = options.ssl_root_cert_from_pem(Vec::new());
+    }
+    if let (RootCert::Given(_), Some(pem)) = (&root_cert, given_ca) {
+        options = options.ssl_root_cert_from_pem(pem.bytes.clone());
     }
     if let Some(password) = password {
         options = options.password(password);
@@ -143,9 +171,22 @@ pub fn resolve(url: &str, password: Option<&str>) -> Result<Resolved, SettingsEr
         .log_statements(LevelFilter::Trace)
         .log_slow_statements(LevelFilter::Debug, SLOW_STATEMENT);
 
-    let client_cert = param(&["sslcert", "ssl-cert"]).or_else(|| env("PGSSLCERT"));
-    let client_key = param(&["sslkey", "ssl-key"]).or_else(|| env("PGSSLKEY"));
+    let mut client_cert = param(&["sslcert", "ssl-cert"]);
+    let mut client_key = param(&["sslkey", "ssl-key"]);
+    let given_client = tls.and_then(|tls| tls.client.as_ref());
+    match given_client {
+        Some((cert, key)) if client_cert.is_none() && client_key.is_none() => {
+            options = options
+                .ssl_client_cert_from_pem(&cert.bytes)
+                .ssl_client_key_from_pem(&key.bytes);
+        }
+        _ => {
+            client_cert = client_cert.or_else(|| env("PGSSLCERT"));
+            client_key = client_key.or_else(|| env("PGSSLKEY"));
+        }
+    }
     Ok(Resolved {
+        client_certificate: client_cert.is_some() || given_client.is_some(),
         host: options.get_host().to_string(),
         user: options.get_username().to_string(),
         password_given: password.is_some() || parsed.password().is_some(),
@@ -204,7 +245,7 @@ mod tests {
     use super::*;
 
     fn mode_of(url: &str) -> Result<&'static str, SettingsError> {
-        resolve(url, None).map(|r| mode_name(r.mode))
+        resolve(url, None, None).map(|r| mode_name(r.mode))
     }
 
     #[test]
@@ -241,26 +282,68 @@ mod tests {
         let r = resolve(
             "postgres://app@db/x?sslrootcert=system&application_name=billing",
             None,
+            None,
         )
         .unwrap();
         assert_eq!(r.root_cert, RootCert::System);
         assert_eq!(r.options.get_application_name(), Some("billing"));
-        let r = resolve("postgres://app@db/x?sslrootcert=/etc/ca.pem", None).unwrap();
+        let r = resolve("postgres://app@db/x?sslrootcert=/etc/ca.pem", None, None).unwrap();
         assert_eq!(r.root_cert, RootCert::File("/etc/ca.pem".into()));
+    }
+
+    fn given(mode: PgSslMode, ca: bool) -> TlsMaterial {
+        let pem = |origin: &str| super::super::target::Pem {
+            bytes: b"-----BEGIN CERTIFICATE-----".to_vec(),
+            origin: origin.into(),
+        };
+        TlsMaterial {
+            mode,
+            ca: ca.then(|| pem("Secret db-ca, key ca.crt")),
+            client: Some((pem("Secret c, key tls.crt"), pem("Secret c, key tls.key"))),
+        }
+    }
+
+    #[test]
+    fn material_in_memory_stands_for_the_environment_and_loses_to_the_url() {
+        let url = "postgres://app@db/x";
+        let r = resolve(url, None, Some(&given(PgSslMode::VerifyFull, true))).unwrap();
+        assert_eq!(mode_name(r.mode), "verify-full");
+        assert_eq!(
+            r.root_cert,
+            RootCert::Given("Secret db-ca, key ca.crt".into())
+        );
+        assert!(r.client_certificate);
+        // Nothing in memory is a file to open.
+        assert!(r.files().is_empty(), "{:?}", r.files());
+        // verify-full without a CA: the system's store, as sslrootcert=system.
+        let r = resolve(url, None, Some(&given(PgSslMode::VerifyFull, false))).unwrap();
+        assert_eq!(r.root_cert, RootCert::System);
+        // require with a CA verifies the chain, as with a file.
+        let r = resolve(url, None, Some(&given(PgSslMode::Require, true))).unwrap();
+        assert_eq!(mode_name(r.mode), "verify-ca");
+        let r = resolve(url, None, Some(&given(PgSslMode::Prefer, false))).unwrap();
+        assert_eq!(r.root_cert, RootCert::Default);
+        let r = resolve(
+            "postgres://app@db/x?sslmode=disable",
+            None,
+            Some(&given(PgSslMode::VerifyFull, true)),
+        )
+        .unwrap();
+        assert_eq!(mode_name(r.mode), "disable");
     }
 
     #[test]
     fn the_session_is_named_unless_the_url_names_it() {
-        let r = resolve("postgres://app@db/x", None).unwrap();
+        let r = resolve("postgres://app@db/x", None, None).unwrap();
         assert_eq!(r.options.get_application_name(), Some(APPLICATION_NAME));
     }
 
     #[test]
     fn a_password_file_wins_and_is_never_shown() {
-        let r = resolve("postgres://app:old@db/x", Some("n3w-t0ken")).unwrap();
+        let r = resolve("postgres://app:old@db/x", Some("n3w-t0ken"), None).unwrap();
         assert!(r.password_given);
         assert!(!format!("{r:?}").contains("n3w-t0ken"));
-        let r = resolve("postgres://app@db/x", None).unwrap();
+        let r = resolve("postgres://app@db/x", None, None).unwrap();
         assert!(!r.password_given);
     }
 }

@@ -7,7 +7,10 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::*;
-use crate::crd::{BrokerProtocol, DeliveryMode, ImagePullPolicy, LogFormat, OutboxRelaySpec};
+use crate::crd::{
+    BrokerProtocol, BrokerTlsSpec, CaKeyRef, CaSource, DatabaseTlsSpec, DeliveryMode,
+    ImagePullPolicy, LogFormat, OutboxRelaySpec, PasswordSecretRef, PostgresTlsMode, TlsSecretRef,
+};
 use crate::reconcile::dereference::dereference_secrets;
 use crate::reconcile::validate::validate;
 use crate::test_support::{LEAK_CANARY, sample_relay, sample_spec};
@@ -318,6 +321,127 @@ fn amqp091_keeps_the_deployment_it_had_before_protocols() {
     assert_eq!(env_from_secret(&d, &broker_secret), Some("AMQP_URL"));
 }
 
+/// A spec with every connection-security field: database TLS with a CA from a ConfigMap and a
+/// client certificate, both passwords in Secrets, broker TLS with a CA Secret.
+fn secure_spec() -> OutboxRelaySpec {
+    let mut spec = sample_spec();
+    let key_ref = |name: &str| CaKeyRef {
+        name: name.into(),
+        key: "ca.crt".into(),
+    };
+    spec.database.password_secret_ref = Some(PasswordSecretRef {
+        name: "orders-db-password".into(),
+        key: "token".into(),
+    });
+    spec.database.tls = Some(DatabaseTlsSpec {
+        mode: PostgresTlsMode::VerifyFull,
+        ca: Some(CaSource {
+            secret_key_ref: None,
+            config_map_key_ref: Some(key_ref("company-ca")),
+        }),
+        client_certificate_secret_ref: Some(TlsSecretRef {
+            name: "orders-db-client".into(),
+        }),
+    });
+    spec.broker.password_secret_ref = Some(PasswordSecretRef {
+        name: "orders-amqp-password".into(),
+        key: "password".into(),
+    });
+    spec.broker.tls = Some(BrokerTlsSpec {
+        ca: Some(CaSource {
+            secret_key_ref: Some(key_ref("rabbit-ca")),
+            config_map_key_ref: None,
+        }),
+        client_certificate_secret_ref: None,
+    });
+    spec
+}
+
+fn env_value<'a>(deployment: &'a Deployment, name: &str) -> Option<&'a str> {
+    container(deployment)
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.as_deref())
+}
+
+#[test]
+fn connection_files_are_mounted_whole_read_only_and_named_by_flags_and_libpq_variables() {
+    let d = build(secure_spec(), 1);
+    let root = files::MOUNT_ROOT;
+    assert_eq!(
+        arg(&d, "database-password-file"),
+        Some(format!("{root}/database-password/password").as_str())
+    );
+    assert_eq!(
+        arg(&d, "broker-password-file"),
+        Some(format!("{root}/broker-password/password").as_str())
+    );
+    assert_eq!(
+        arg(&d, "broker-ca-file"),
+        Some(format!("{root}/broker-ca/ca.crt").as_str())
+    );
+    assert_eq!(arg(&d, "broker-client-cert"), None);
+    assert_eq!(env_value(&d, "PGSSLMODE"), Some("verify-full"));
+    assert_eq!(
+        env_value(&d, "PGSSLROOTCERT"),
+        Some(format!("{root}/database-ca/ca.crt").as_str())
+    );
+    assert_eq!(
+        env_value(&d, "PGSSLCERT"),
+        Some(format!("{root}/database-client/tls.crt").as_str())
+    );
+    assert_eq!(
+        env_value(&d, "PGSSLKEY"),
+        Some(format!("{root}/database-client/tls.key").as_str())
+    );
+
+    let volumes = pod(&d).volumes.clone().unwrap();
+    let mounts = container(&d).volume_mounts.clone().unwrap();
+    assert_eq!(volumes.len(), 5, "{volumes:?}");
+    assert_eq!(mounts.len(), volumes.len());
+    for mount in &mounts {
+        // Whole volumes: with subPath the kubelet would never update a rotated file.
+        assert_eq!(mount.sub_path, None, "{mount:?}");
+        assert_eq!(mount.read_only, Some(true), "{mount:?}");
+    }
+    let volume = |name: &str| volumes.iter().find(|v| v.name == name).unwrap();
+    let password = volume("database-password").secret.clone().unwrap();
+    assert_eq!(password.secret_name.as_deref(), Some("orders-db-password"));
+    let item = &password.items.unwrap()[0];
+    assert_eq!(
+        (item.key.as_str(), item.path.as_str()),
+        ("token", "password")
+    );
+    assert_eq!(password.default_mode, Some(0o440));
+    let ca = volume("database-ca").config_map.clone().unwrap();
+    assert_eq!(ca.name, "company-ca");
+    let client = volume("database-client").secret.clone().unwrap();
+    let keys: Vec<_> = client.items.unwrap().into_iter().map(|i| i.key).collect();
+    assert_eq!(keys, ["tls.crt", "tls.key"]);
+    // The group-readable files are the relay user's through the pod's fsGroup.
+    let security = pod(&d).security_context.clone().unwrap();
+    assert_eq!(security.fs_group, Some(NON_ROOT_UID));
+}
+
+#[test]
+fn verify_full_without_a_ca_trusts_the_system_store_and_plain_specs_mount_nothing() {
+    let mut spec = sample_spec();
+    spec.database.tls = Some(DatabaseTlsSpec::default());
+    let d = build(spec, 1);
+    assert_eq!(env_value(&d, "PGSSLMODE"), Some("verify-full"));
+    assert_eq!(env_value(&d, "PGSSLROOTCERT"), Some("system"));
+    assert_eq!(pod(&d).volumes, None);
+
+    let plain = build(sample_spec(), 1);
+    assert_eq!(pod(&plain).volumes, None);
+    assert_eq!(container(&plain).volume_mounts, None);
+    assert_eq!(pod(&plain).security_context.clone().unwrap().fs_group, None);
+    assert_eq!(env_value(&plain, "PGSSLMODE"), None);
+    assert_eq!(arg(&plain, "database-password-file"), None);
+}
+
 #[test]
 fn pods_run_restricted() {
     let d = build(sample_spec(), 1);
@@ -403,7 +527,7 @@ fn the_hash_changes_with_the_spec_and_only_then() {
 async fn no_secret_value_reaches_the_deployment() {
     use crate::test_support::mock_service;
     use crate::test_support::secret;
-    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
     // Dereference real Secret objects carrying a recognisable password, then build from what
     // the reconciler has in hand: the password must not appear anywhere in the result.
@@ -426,11 +550,17 @@ async fn no_secret_value_reaches_the_deployment() {
         }
     });
     let client = kube::Client::new(service, "shop");
-    let secrets: kube::Api<Secret> = kube::Api::namespaced(client, "shop");
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(client.clone(), "shop");
+    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client, "shop");
     let relay = sample_relay("orders", full_spec_with_default_keys());
-    let found = dereference_secrets(&secrets, &relay.spec).await.unwrap();
+    let found = dereference_secrets(&secrets, &config_maps, &relay.spec)
+        .await
+        .unwrap();
     server.await.unwrap();
-    assert_eq!(found.database_url.password().as_deref(), Some(LEAK_CANARY));
+    assert_eq!(
+        found.database.url().password().as_deref(),
+        Some(LEAK_CANARY)
+    );
 
     let plan = validate(&relay.spec).unwrap();
     let d = build_deployment(

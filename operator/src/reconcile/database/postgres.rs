@@ -37,24 +37,25 @@ pub struct PostgresDatabase;
 impl RelayDatabase for PostgresDatabase {
     fn migrate<'a>(
         &'a self,
-        url: &'a SecretUrl,
+        database: &'a DatabaseTarget,
         plan: &'a RelayPlan,
     ) -> BoxFuture<'a, Result<MigrationRun, Error>> {
-        migrate_table(url, plan).boxed()
+        migrate_table(database, plan).boxed()
     }
 
     fn observe_lag<'a>(
         &'a self,
-        url: &'a SecretUrl,
+        database: &'a DatabaseTarget,
         plan: &'a RelayPlan,
         query: LagQuery,
     ) -> BoxFuture<'a, Result<LagObservation, Error>> {
-        observe_lag(url, plan, query).boxed()
+        observe_lag(database, plan, query).boxed()
     }
 }
 
-async fn migrate_table(database_url: &SecretUrl, plan: &RelayPlan) -> Result<MigrationRun, Error> {
-    let mut conn = connect(database_url).await?;
+async fn migrate_table(target: &DatabaseTarget, plan: &RelayPlan) -> Result<MigrationRun, Error> {
+    let database_url = target.url();
+    let mut conn = connect(target).await?;
     let result = migrate(&mut conn, &plan.table, &plan.migration).await;
     // Closing politely is a courtesy; the migration's outcome is what matters.
     let _ = conn.close().await;
@@ -83,11 +84,12 @@ async fn migrate_table(database_url: &SecretUrl, plan: &RelayPlan) -> Result<Mig
 /// Reads the reports (or measures, when nothing runs). Reports older than the query's
 /// `stale_after` do not count.
 async fn observe_lag(
-    database_url: &SecretUrl,
+    target: &DatabaseTarget,
     plan: &RelayPlan,
     query: LagQuery,
 ) -> Result<LagObservation, Error> {
-    let mut conn = connect(database_url).await?;
+    let database_url = target.url();
+    let mut conn = connect(target).await?;
     let result = if query.running == 0 {
         measure(&mut conn, plan).await
     } else {
@@ -203,9 +205,9 @@ fn is_condition_reason(text: &str) -> bool {
 
 /// Connects as the relays do (libpq's sslmode meanings, the same failure words), so what the
 /// operator reports is what a relay pod would meet.
-async fn connect(database_url: &SecretUrl) -> Result<PgConnection, Error> {
-    let target = DatabaseTarget::from_url(database_url.clone());
-    let attempt = outbox_relay::database::connect(&target);
+async fn connect(target: &DatabaseTarget) -> Result<PgConnection, Error> {
+    let database_url = target.url();
+    let attempt = outbox_relay::database::connect(target);
     match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => {
