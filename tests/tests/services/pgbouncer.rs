@@ -150,11 +150,7 @@ async fn session_pooling_relays_every_row_once_with_lag_reports() {
         "an id was published twice"
     );
     let log = logs(&relays);
-    for sign_of_trouble in [
-        "prepared statement",
-        "rolled back",
-        "writing the lag report failed",
-    ] {
+    for sign_of_trouble in ["prepared statement", "rolled back", "the lag report failed"] {
         assert!(!log.contains(sign_of_trouble), "{sign_of_trouble}:\n{log}");
     }
     assert!(!log.contains(SCRAM_PASSWORD), "the password in a log");
@@ -505,4 +501,49 @@ async fn transaction_pooling_without_a_session_url_refuses_what_needs_a_session(
         }
         assert!(!stderr.contains(SCRAM_PASSWORD), "the password in {stderr}");
     }
+}
+
+/// A lag report that fails says which step failed and why; it sends the user to `migrate` only
+/// when the report table is really missing (42P01), and never blames the pooler that works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_lag_report_says_what_failed() {
+    let schema = Schema::create().await;
+    let name = format!("{}.outbox", schema.0);
+    let table = db::table(&name);
+    // Not migrated: no report table.
+    let mut admin = db::seeded_table(&table, 100).await;
+    schema.adopt(&mut admin, &table).await;
+    let (transaction, session) = (transaction_url(), session_url());
+    let exchange = unique("pgbrep");
+    let consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
+    let mut relay = process::spawn_relay_with_env(
+        &schema.0,
+        &process::run_args(&name, &exchange, &[]),
+        &transaction_env(&transaction, &session),
+    );
+    let told = wait::until(
+        "the relay says why the report failed",
+        Duration::from_secs(30),
+        || async {
+            relay
+                .log_text()
+                .contains("writing this pod's report row failed")
+        },
+    )
+    .await;
+    let log = relay.log_text();
+    assert!(told.is_ok(), "relay log:\n{log}");
+    let reports = table.reports_table().to_string();
+    assert!(
+        log.contains(&format!(
+            "the report table {reports} does not exist; run `outbox-relay migrate`"
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("pool_mode = transaction"), "{log}");
+    // The rows themselves go out: the report is not the relay.
+    assert_eq!(consumer.wait_for(100, Duration::from_secs(30)).await, 100);
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    consumer.close().await;
+    schema.drop_now().await;
 }
