@@ -61,7 +61,7 @@ pub async fn command(args: SeedArgs) -> ExitCode {
             format!("must be a positive number, got {rate}"),
         ));
     }
-    let (config, mut conn) = match connect(&args.table).await {
+    let (config, mut conn) = match connect(&args.table, "seed").await {
         Ok(pair) => pair,
         Err(code) => return code,
     };

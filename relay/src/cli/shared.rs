@@ -38,11 +38,20 @@ pub fn failure(error: impl std::fmt::Display) -> ExitCode {
 }
 
 /// Resolves the table options and connects; bad input exits 2 before anything is written.
-pub async fn connect(args: &TableArgs) -> Result<(TableConfig, PgConnection), ExitCode> {
+/// `command` (e.g. "migrate") runs on one session: its advisory lock and its statements (named,
+/// prepared once) need one, so under `--database-pool-mode transaction` it connects through
+/// `--session-database-url`, and without one it is refused, naming both settings.
+pub async fn connect(
+    args: &TableArgs,
+    command: &str,
+) -> Result<(TableConfig, PgConnection), ExitCode> {
     let config = resolve_table(args).map_err(usage_error)?;
-    let conn = crate::database::connect(&config.database)
+    let target = config
+        .session_database(&format!("`outbox-relay {command}`"))
+        .map_err(usage_error)?;
+    let conn = crate::database::connect(target)
         .await
-        .map_err(|e| connect_failure(&config.database, &e))?;
+        .map_err(|e| connect_failure(target, &e))?;
     Ok((config, conn))
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::parse::{LogFormat, one_of, positive_duration};
 use crate::broker::BrokerProtocol;
 use crate::broker::routing::ExchangeType;
+use crate::database::PoolMode;
 use crate::table::outbox::{ColumnRole, DeliveryMode, DeliveryOrder};
 
 /// Options shared by every subcommand that touches the outbox table. Each is also read from
@@ -26,6 +27,17 @@ pub struct TableArgs {
     /// Secret, a Vault agent's file, an RDS IAM or Entra ID token); wins over the URL's password.
     #[arg(long, env = "DATABASE_PASSWORD_FILE", value_name = "FILE")]
     pub database_password_file: Option<PathBuf>,
+    /// session or transaction: what --database-url reaches. transaction for a pooler that lends
+    /// a server session per transaction (PgBouncer pool_mode = transaction); the relay then
+    /// sends unnamed statements inside transactions, and what needs a session goes to
+    /// --session-database-url. Default: session (a direct connection or a session pool).
+    #[arg(long, env = "DATABASE_POOL_MODE", value_parser = one_of::<PoolMode>)]
+    pub database_pool_mode: Option<PoolMode>,
+    /// PostgreSQL URL with a session of its own (direct, or a session pool), for what needs one
+    /// under --database-pool-mode transaction: per-key ordering, LISTEN, migrate, lag and seed.
+    /// Uses --database-password-file too when given.
+    #[arg(long, env = "SESSION_DATABASE_URL", hide_env_values = true)]
+    pub session_database_url: Option<String>,
     /// Outbox table, optionally schema-qualified (schema.table). Default: outbox_messages.
     #[arg(long, env = "OUTBOX_RELAY_TABLE")]
     pub table: Option<String>,

@@ -98,6 +98,8 @@ fn table_argv(argv: &mut Argv, args: &TableArgs) {
         config,
         database_url: _,
         database_password_file,
+        database_pool_mode,
+        session_database_url: _,
         table,
         columns,
         mode,
@@ -109,6 +111,7 @@ fn table_argv(argv: &mut Argv, args: &TableArgs) {
         "database-password-file",
         &database_password_file.as_ref().map(|path| path.display()),
     );
+    argv.named("database-pool-mode", database_pool_mode);
     argv.text("table", table);
     for role in ColumnRole::ALL {
         argv.text(role.option(), &columns.get(role).cloned());
@@ -198,6 +201,8 @@ mod tests {
                 config: Some("/etc/relay.yaml".into()),
                 database_url: None,
                 database_password_file: Some("/var/run/secrets/db/password".into()),
+                database_pool_mode: Some(crate::database::PoolMode::Transaction),
+                session_database_url: None,
                 table: Some("sales.events".into()),
                 columns: ColumnArgs {
                     id: Some("event_id".into()),

@@ -11,6 +11,7 @@ use super::args::ColumnArgs;
 use super::parse::{ConfigError, LogFormat};
 use crate::broker::BrokerProtocol;
 use crate::broker::routing::ExchangeType;
+use crate::database::PoolMode;
 use crate::table::outbox::{DeliveryMode, DeliveryOrder};
 
 #[derive(Debug, Default, Deserialize)]
@@ -18,6 +19,8 @@ use crate::table::outbox::{DeliveryMode, DeliveryOrder};
 pub struct FileConfig {
     pub database_url: Option<String>,
     pub database_password_file: Option<std::path::PathBuf>,
+    pub database_pool_mode: Option<PoolMode>,
+    pub session_database_url: Option<String>,
     pub broker_protocol: Option<BrokerProtocol>,
     pub broker_url: Option<String>,
     pub amqp_url: Option<String>,

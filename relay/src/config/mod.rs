@@ -18,7 +18,7 @@ pub use parse::{ConfigError, LogFormat, one_of, positive_duration};
 use crate::broker::BrokerProtocol;
 use crate::broker::routing::{ExchangeType, RoutingKey};
 use crate::broker::tls::BrokerTls;
-use crate::database::DatabaseTarget;
+use crate::database::{DatabaseTarget, PoolMode};
 use crate::defaults::{self, AMQP_SHORT_STRING_MAX};
 use crate::secret_url::{SecretUrl, UrlKind};
 use crate::table::ident::{Ident, TableName};
@@ -28,8 +28,34 @@ use crate::table::outbox::{ColumnRole, Columns, DeliveryOrder, OutboxTable};
 #[derive(Debug, Clone)]
 pub struct TableConfig {
     pub database: DatabaseTarget,
+    /// What `database` reaches: a session of its own, or a transaction pool.
+    pub pool_mode: PoolMode,
+    /// `--session-database-url`: a session of its own under a transaction pool; None otherwise.
+    pub session_database: Option<DatabaseTarget>,
     pub table: OutboxTable,
     pub relay_name: String,
+}
+
+impl TableConfig {
+    /// Where to open a connection that `need` (what it is for, e.g. "per-key ordering") holds
+    /// as one server session: `--database-url` when it is one, else `--session-database-url`;
+    /// an error naming both settings when a transaction pool is all there is.
+    pub fn session_database(&self, need: &str) -> Result<&DatabaseTarget, ConfigError> {
+        match (self.pool_mode, &self.session_database) {
+            (PoolMode::Session, _) => Ok(&self.database),
+            (PoolMode::Transaction, Some(session)) => Ok(session),
+            (PoolMode::Transaction, None) => Err(ConfigError::new(
+                "session-database-url",
+                format!(
+                    "is missing: {need} needs a server session of its own, and \
+                     --database-pool-mode transaction says --database-url lends one per \
+                     transaction only; pass --session-database-url (SESSION_DATABASE_URL) with a \
+                     direct or session-pooled URL, or connect --database-url directly (or \
+                     through a session pool) with --database-pool-mode session"
+                ),
+            )),
+        }
+    }
 }
 
 /// Everything `run` needs.
@@ -300,8 +326,33 @@ fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig
     }
 
     let password_file = layer(&args.database_password_file, &file.database_password_file);
+    let pool_mode = layer(&args.database_pool_mode, &file.database_pool_mode).unwrap_or_default();
+    let session_url = layer(&args.session_database_url, &file.session_database_url);
+    let session_database = match (pool_mode, session_url) {
+        (_, None) => None,
+        (PoolMode::Session, Some(_)) => {
+            return Err(ConfigError::new(
+                "session-database-url",
+                "only has a meaning with --database-pool-mode transaction (with session, the \
+                 default, --database-url is a session already): declare the pool mode, or \
+                 remove it",
+            ));
+        }
+        // The same role, so the same password file: a pooler and its server share the login.
+        (PoolMode::Transaction, Some(text)) => Some(DatabaseTarget::new(
+            url(
+                "session-database-url",
+                Some(text),
+                "SESSION_DATABASE_URL",
+                UrlKind::Postgres,
+            )?,
+            password_file.clone(),
+        )),
+    };
     Ok(TableConfig {
         database: DatabaseTarget::new(database_url, password_file),
+        pool_mode,
+        session_database,
         table: OutboxTable {
             name,
             columns,
@@ -389,6 +440,23 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
         defaults::MAX_ATTEMPTS_RANGE,
     )? as i32;
 
+    // What needs a session is refused at start, not found out when rows are claimed.
+    if db.table.ordering == DeliveryOrder::PerKey {
+        db.session_database("per-key ordering (its lanes are session advisory locks)")?;
+    }
+    // LISTEN is on by default, and only a latency gain: without a session to hold it the
+    // default turns it off (the workers poll); asked for explicitly, it is refused.
+    let listen = match layer(&args.listen, &file.listen) {
+        None if db.session_database("LISTEN").is_err() => false,
+        None => defaults::LISTEN,
+        Some(listen) => {
+            if listen {
+                db.session_database("--listen (a LISTEN lasts as long as its session)")?;
+            }
+            listen
+        }
+    };
+
     let pod_name = layer(&args.pod_name, &file.pod_name)
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("pid-{}", std::process::id()));
@@ -419,7 +487,7 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
         dead_letter_exchange,
         poll_interval: duration("poll-interval", args.poll_interval, &file.poll_interval)?
             .unwrap_or(defaults::POLL_INTERVAL),
-        listen: layer(&args.listen, &file.listen).unwrap_or(defaults::LISTEN),
+        listen,
         metrics_addr: layer(&args.metrics_addr, &file.metrics_addr)
             .unwrap_or(defaults::METRICS_ADDR),
         metrics_addr_is_default: layer(&args.metrics_addr, &file.metrics_addr).is_none(),
@@ -481,6 +549,85 @@ mod tests {
         let file =
             FileConfig::parse("ordering: per-key\ncolumns:\n  partition_key: order_id\n").unwrap();
         assert_eq!(file.ordering, Some(DeliveryOrder::PerKey));
+    }
+
+    #[test]
+    fn transaction_pooling_refuses_what_needs_a_session_without_a_session_url() {
+        let mut args = run_args();
+        args.table.database_pool_mode = Some(PoolMode::Transaction);
+        let config = resolve_run(&args).unwrap();
+        assert_eq!(config.db.pool_mode, PoolMode::Transaction);
+        assert!(config.db.session_database("x").is_err());
+
+        type Mutation = Box<dyn Fn(&mut RunArgs)>;
+        let needs_session: Vec<(Mutation, &str)> = vec![
+            (
+                Box::new(|a| {
+                    a.table.ordering = Some(DeliveryOrder::PerKey);
+                    a.table.columns.partition_key = Some("order_id".into());
+                }),
+                "per-key ordering",
+            ),
+            (Box::new(|a| a.listen = Some(true)), "--listen"),
+        ];
+        // Not asked for, LISTEN is left off: the workers poll.
+        assert!(!config.listen);
+        for (mutate, need) in needs_session {
+            let mut refused = args.clone();
+            mutate(&mut refused);
+            let err = resolve_run(&refused).unwrap_err();
+            let text = err.to_string();
+            assert_eq!(err.field, "session-database-url", "{text}");
+            for named in [
+                need,
+                "--database-pool-mode transaction",
+                "--session-database-url",
+            ] {
+                assert!(text.contains(named), "{named}: {text}");
+            }
+            assert!(!text.contains(":pw@"), "{text}");
+
+            refused.table.session_database_url =
+                Some("postgres://u:direct-pw@db-direct:5432/test".into());
+            refused.table.database_password_file = Some("/run/pw".into());
+            let config = resolve_run(&refused).unwrap();
+            assert!(config.listen);
+            let session = config.db.session_database(need).unwrap();
+            assert_eq!(
+                session.url().redacted(),
+                "postgres://u:***@db-direct:5432/test"
+            );
+            assert_eq!(
+                session.password_file(),
+                Some(std::path::Path::new("/run/pw"))
+            );
+        }
+    }
+
+    #[test]
+    fn a_session_url_without_transaction_pooling_is_refused_and_the_file_takes_both() {
+        let mut args = run_args();
+        args.table.session_database_url = Some("postgres://u:pw@direct/test".into());
+        let err = resolve_run(&args).unwrap_err();
+        assert_eq!(err.field, "session-database-url", "{err}");
+        assert!(
+            err.to_string().contains("--database-pool-mode transaction"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("pw@"), "{err}");
+
+        let file = FileConfig::parse(
+            "database_pool_mode: transaction\nsession_database_url: postgres://u@direct/test\n",
+        )
+        .unwrap();
+        let db = resolve_table_with(&run_args().table, &file).unwrap();
+        assert_eq!(db.pool_mode, PoolMode::Transaction);
+        assert!(db.session_database("migrate").is_ok());
+        assert!(FileConfig::parse("database_pool_mode: statement\n").is_err());
+        // The default: a session, reached by --database-url itself.
+        let db = resolve_table_with(&run_args().table, &FileConfig::default()).unwrap();
+        assert_eq!(db.pool_mode, PoolMode::Session);
+        assert_eq!(db.session_database("migrate").unwrap(), &db.database);
     }
 
     fn amqp10_args() -> RunArgs {
@@ -660,6 +807,7 @@ mod tests {
             ("metrics-addr", "nowhere"),
             ("declare-exchange", "queue"),
             ("log-format", "xml"),
+            ("database-pool-mode", "statement"),
         ];
         for (field, value) in typed {
             let flag = format!("--{field}");

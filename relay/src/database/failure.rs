@@ -117,11 +117,15 @@ impl ConnectFailure {
     }
 }
 
-/// What to do when [`behind_transaction_pooling`] says so.
+/// What to do when [`behind_transaction_pooling`] says so: the relay was told (or left to
+/// assume) it has a session of its own, and it has not.
 pub const TRANSACTION_POOLING: &str = "this looks like a pooler in transaction mode (PgBouncer \
-     pool_mode = transaction), which the relay does not support: its prepared statements and \
-     session locks need a server session of their own. Use session pooling or connect to the \
-     server directly (docs/connecting-securely.md, \"Behind a connection pooler\")";
+     pool_mode = transaction), but the relay was told its connections are sessions of their own \
+     (--database-pool-mode session, the default), so it sent named prepared statements, which \
+     such a pooler mixes up between clients: set --database-pool-mode transaction \
+     (DATABASE_POOL_MODE, or database_pool_mode in the file), and give --session-database-url \
+     (a direct or session-pooled URL) for per-key ordering, LISTEN and migrate \
+     (docs/connecting-securely.md, \"Behind a connection pooler\")";
 
 /// True when the driver's own named prepared statements collide or vanish: what happens when a
 /// pooler in transaction mode hands one server session to many clients (or another to the same

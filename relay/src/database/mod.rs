@@ -7,11 +7,13 @@
 //! - [`password_file`]: reading the current password;
 //! - [`options`]: the driver's options from the URL, the environment and the password (pure);
 //! - [`failure`]: why a connect failed, and what fixes it;
+//! - [`pool_mode`]: whether connections are sessions of their own or lent per transaction;
 //! - [`connect`](connect()): the attempt itself, with libpq's `allow` fallback.
 
 pub mod failure;
 pub mod options;
 pub mod password_file;
+pub mod pool_mode;
 pub mod target;
 
 use sqlx::postgres::PgSslMode;
@@ -19,6 +21,7 @@ use sqlx::{ConnectOptions, PgConnection};
 
 pub use failure::{ConnectFailure, FailureKind, TRANSACTION_POOLING, behind_transaction_pooling};
 pub use options::APPLICATION_NAME;
+pub use pool_mode::PoolMode;
 pub use target::{DatabaseTarget, Pem, TlsMaterial};
 
 /// The options for a new connection to `target`, its password file (if any) read now, so a

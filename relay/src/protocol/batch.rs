@@ -174,10 +174,15 @@ pub async fn run_batch<P: Publisher>(
     let mut tx = timed(metrics, Stage::Claim, conn.begin()).await?;
     let limit = settings.batch_size as i64;
     let settling = statements.settling.as_ref().filter(|_| lanes.is_none());
+    // Under a transaction pool the statements go unnamed (a named one would outlive this
+    // transaction on a server session other clients get next); on a session they stay named
+    // and prepared once per connection, sqlx's default.
+    let persistent = statements.persistent();
     let claim = match settling {
         Some(settling) => settling_claim_query(settling, limit, start),
         None => claim_query(statements, limit, start, lanes),
-    };
+    }
+    .persistent(persistent);
     // The claim cursor schedules the wide claims by their cost, so it gets the time too.
     let (rows, claim_time) =
         observed(metrics, Stage::Claim, bounded(claim.fetch_all(&mut *tx))).await;
@@ -267,6 +272,7 @@ pub async fn run_batch<P: Publisher>(
         None => settle_query(statements, &rows, &outcomes),
     };
     if let Some(settle) = settle {
+        let settle = settle.persistent(persistent);
         timed(metrics, Stage::Mark, settle.execute(&mut *tx)).await?;
     }
     timed(metrics, Stage::Commit, tx.commit()).await?;

@@ -11,20 +11,24 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::database::DatabaseTarget;
+use crate::database::{DatabaseTarget, PoolMode, TRANSACTION_POOLING, behind_transaction_pooling};
 use crate::defaults::BACKLOG_CAP;
 use crate::metrics::Metrics;
 use crate::runtime::health::Health;
 use crate::table::OutboxTable;
-use crate::table::health::{HorizonClock, TableHealth, measure_table_health};
+use crate::table::health::{HorizonClock, TableHealth, measure_table_health_with};
 use crate::table::ident::TableName;
 use crate::table::reports::{
-    Backlog, Report, Stored, measure_backlog, measurer_lock_key, upsert_report,
+    Backlog, Report, Stored, measure_backlog, measurer_lock_key, upsert_report_with,
 };
 use crate::table::sql::Statements;
 
 pub struct ReporterContext {
     pub database: DatabaseTarget,
+    /// What `database` reaches. Under a transaction pool each report is one transaction, and
+    /// the measurer is whoever holds the relay's lock during its report (a transaction lock:
+    /// a session lock would stay on a server session other clients get).
+    pub pool_mode: PoolMode,
     pub reports_table: TableName,
     pub table: OutboxTable,
     pub statements: Arc<Statements>,
@@ -44,13 +48,61 @@ const PURGE_CHUNK: i64 = 5_000;
 
 struct Session {
     conn: PgConnection,
+    state: SessionState,
+}
+
+/// What the reporter remembers about its connection.
+#[derive(Default)]
+struct SessionState {
+    /// Holds the relay's measurer lock for the session's life (session pool mode only).
     measurer: bool,
     /// Said once per session that the report table cannot hold the problem yet.
     told_to_migrate: bool,
     /// Said once per session that another role's session holds the horizon, and which
     /// privilege would show more of it.
     told_hidden_holder: bool,
+    /// Said once that this process measures.
+    told_measuring: bool,
     horizon_clock: HorizonClock,
+}
+
+/// A report that failed, with the step that failed, so the log says what went wrong rather
+/// than guessing at a cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{step} failed: {source}{hint}")]
+struct ReportError {
+    step: &'static str,
+    source: sqlx::Error,
+    hint: String,
+}
+
+impl ReportError {
+    fn at(step: &'static str, reports: &TableName) -> impl FnOnce(sqlx::Error) -> Self {
+        move |source| {
+            let hint = if behind_transaction_pooling(&source) {
+                format!(": {TRANSACTION_POOLING}")
+            } else if step == WRITING && is_undefined_table(&source) {
+                // Only a missing report table is cured by a migration.
+                format!(
+                    ": the report table {reports} does not exist; run `outbox-relay migrate` for \
+                     this table"
+                )
+            } else {
+                String::new()
+            };
+            Self { step, source, hint }
+        }
+    }
+}
+
+const WRITING: &str = "writing this pod's report row";
+
+/// PostgreSQL's undefined_table (42P01).
+fn is_undefined_table(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "42P01")
 }
 
 pub async fn run_reporter(ctx: ReporterContext) {
@@ -75,10 +127,7 @@ pub async fn run_reporter(ctx: ReporterContext) {
                 Ok(conn) => {
                     session = Some(Session {
                         conn,
-                        measurer: false,
-                        told_to_migrate: false,
-                        told_hidden_holder: false,
-                        horizon_clock: HorizonClock::default(),
+                        state: SessionState::default(),
                     });
                 }
                 Err(e) => {
@@ -88,8 +137,8 @@ pub async fn run_reporter(ctx: ReporterContext) {
             }
         }
         let current = session.as_mut().expect("connected above");
-        if let Err(e) = report_once(&ctx, current, total, rate).await {
-            warn!(error = %e, "writing the lag report failed");
+        if let Err(e) = report(&ctx, current, total, rate).await {
+            warn!(error = %e, "the lag report failed; reconnecting for the next one");
             session = None;
         }
     }
@@ -99,34 +148,93 @@ pub async fn run_reporter(ctx: ReporterContext) {
             "DELETE FROM {} WHERE relay = $1 AND pod = $2",
             ctx.reports_table.quoted()
         );
-        let _ = sqlx::query(AssertSqlSafe(sql))
+        let delete = sqlx::query(AssertSqlSafe(sql))
             .bind(&ctx.relay)
             .bind(&ctx.pod)
-            .execute(&mut s.conn)
-            .await;
+            .persistent(ctx.pool_mode.named_statements());
+        if ctx.pool_mode.named_statements() {
+            let _ = delete.execute(&mut s.conn).await;
+        } else if let Ok(mut tx) = s.conn.begin().await {
+            // Unnamed statements need a transaction to keep one server session (see PoolMode).
+            if delete.execute(&mut *tx).await.is_ok() {
+                let _ = tx.commit().await;
+            }
+        }
         let _ = s.conn.close().await;
     }
 }
 
-async fn report_once(
+/// One report: on a session as a few statements; under a transaction pool as one transaction,
+/// since its statements then go unnamed.
+async fn report(
     ctx: &ReporterContext,
     session: &mut Session,
     total: u64,
     rate: f64,
-) -> Result<(), sqlx::Error> {
-    if !session.measurer {
-        // Session-level lock: held until this connection closes, so the measurer is stable.
-        session.measurer =
-            sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
-                .bind(measurer_lock_key(&ctx.relay))
-                .fetch_one(&mut session.conn)
-                .await?;
-        if session.measurer {
-            info!("this process measures the backlog for the relay");
-        }
+) -> Result<(), ReportError> {
+    let Session { conn, state } = session;
+    if ctx.pool_mode.named_statements() {
+        return report_once(ctx, conn, state, total, rate).await;
     }
-    let backlog: Option<Backlog> = if session.measurer {
-        let backlog = measure_backlog(&mut session.conn, &ctx.statements, BACKLOG_CAP).await?;
+    let mut tx = conn.begin().await.map_err(ReportError::at(
+        "opening the report's transaction",
+        &ctx.reports_table,
+    ))?;
+    report_once(ctx, &mut tx, state, total, rate).await?;
+    tx.commit()
+        .await
+        .map_err(ReportError::at("committing the report", &ctx.reports_table))
+}
+
+/// Whether this process measures the backlog and the table's health now.
+async fn measures(
+    ctx: &ReporterContext,
+    conn: &mut PgConnection,
+    state: &mut SessionState,
+) -> Result<bool, sqlx::Error> {
+    let measurer = match ctx.pool_mode {
+        // Session-level lock: held until this connection closes, so the measurer is stable.
+        PoolMode::Session if state.measurer => true,
+        PoolMode::Session => {
+            state.measurer =
+                sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+                    .bind(measurer_lock_key(&ctx.relay))
+                    .fetch_one(&mut *conn)
+                    .await?;
+            state.measurer
+        }
+        // Held to the end of this report's transaction: pods reporting at the same moment
+        // do not count twice; at other moments each pod may measure (a capped count).
+        PoolMode::Transaction => {
+            sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))")
+                .bind(measurer_lock_key(&ctx.relay))
+                .persistent(false)
+                .fetch_one(&mut *conn)
+                .await?
+        }
+    };
+    if measurer && !state.told_measuring {
+        info!("this process measures the backlog for the relay");
+        state.told_measuring = true;
+    }
+    Ok(measurer)
+}
+
+async fn report_once(
+    ctx: &ReporterContext,
+    conn: &mut PgConnection,
+    state: &mut SessionState,
+    total: u64,
+    rate: f64,
+) -> Result<(), ReportError> {
+    let reports = &ctx.reports_table;
+    let measurer = measures(ctx, conn, state)
+        .await
+        .map_err(ReportError::at("taking the measurer's lock", reports))?;
+    let backlog: Option<Backlog> = if measurer {
+        let backlog = measure_backlog(conn, &ctx.statements, BACKLOG_CAP)
+            .await
+            .map_err(ReportError::at("measuring the backlog", reports))?;
         ctx.metrics.backlog.set(backlog.pending);
         ctx.metrics.backlog_capped.set(i64::from(backlog.capped));
         ctx.metrics
@@ -136,8 +244,13 @@ async fn report_once(
             let purged = sqlx::query(AssertSqlSafe(ctx.statements.purge_processed.clone()))
                 .bind(retention.as_secs_f64())
                 .bind(PURGE_CHUNK)
-                .execute(&mut session.conn)
-                .await?
+                .persistent(ctx.statements.persistent())
+                .execute(&mut *conn)
+                .await
+                .map_err(ReportError::at(
+                    "deleting processed rows past the retention",
+                    reports,
+                ))?
                 .rows_affected();
             if purged > 0 {
                 debug!(purged, "deleted processed rows past the retention");
@@ -147,12 +260,14 @@ async fn report_once(
     } else {
         None
     };
-    let table_health = if session.measurer {
+    let table_health = if measurer {
         let health =
-            measure_table_health(&mut session.conn, &ctx.table, &mut session.horizon_clock).await?;
+            measure_table_health_with(conn, &ctx.table, &mut state.horizon_clock, ctx.pool_mode)
+                .await
+                .map_err(ReportError::at("measuring the table's health", reports))?;
         publish_table_health(&ctx.metrics, &health);
         if let Some(holder) = health.hidden_holder()
-            && !session.told_hidden_holder
+            && !state.told_hidden_holder
         {
             warn!(
                 holder = %holder,
@@ -161,7 +276,7 @@ async fn report_once(
                  counts from when this process first saw it); grant pg_read_all_stats to the \
                  relay's database role to see them"
             );
-            session.told_hidden_holder = true;
+            state.told_hidden_holder = true;
         }
         Some(health)
     } else {
@@ -177,17 +292,19 @@ async fn report_once(
         problem: ctx.health.problem(),
         table_health,
     };
-    let stored = upsert_report(&mut session.conn, &ctx.reports_table, &report).await?;
+    let stored = upsert_report_with(conn, reports, &report, ctx.pool_mode)
+        .await
+        .map_err(ReportError::at(WRITING, reports))?;
     ctx.metrics
         .last_report_timestamp
         .set(report.reported_at.timestamp_millis() as f64 / 1000.0);
-    if stored == Stored::LagOnly && !session.told_to_migrate {
+    if stored == Stored::LagOnly && !state.told_to_migrate {
         warn!(
             "the report table has no problem and table-health columns, so the operator cannot \
              see why this pod is not relaying or what holds back VACUUM; run `outbox-relay \
              migrate` to add them"
         );
-        session.told_to_migrate = true;
+        state.told_to_migrate = true;
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use sqlx::Connection;
+use sqlx::{Connection, PgConnection};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, instrument, warn};
@@ -13,14 +13,14 @@ use crate::broker::amqp::{AmqpConnector, AmqpSettings};
 use crate::broker::amqp10::{Amqp10Connector, Amqp10Settings};
 use crate::broker::{BrokerProtocol, Connector};
 use crate::config::RelayConfig;
-use crate::database::{TRANSACTION_POOLING, behind_transaction_pooling};
+use crate::database::{DatabaseTarget, PoolMode, TRANSACTION_POOLING, behind_transaction_pooling};
 use crate::metrics::Metrics;
 use crate::protocol::batch::BatchSettings;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::reporter::{ReporterContext, run_reporter};
 use crate::runtime::worker::{WorkerContext, run_worker};
-use crate::table::inspect::{InspectError, TableShape, inspect};
+use crate::table::inspect::{InspectError, TableShape, inspect_with};
 use crate::table::migrate::notify_channel;
 use crate::table::outbox::DeliveryOrder;
 use crate::table::sql::Statements;
@@ -76,7 +76,7 @@ async fn inspect_with_retry(
                 warn!(database = %config.db.database, reason = e.kind.code(), error = %e, "cannot connect to PostgreSQL at start; retrying");
             }
             Ok(mut conn) => {
-                let shape = inspect(&mut conn, &config.db.table).await;
+                let shape = inspect_on(&mut conn, config).await;
                 let _ = conn.close().await;
                 match shape {
                     Ok(shape) => return Ok(Some(shape)),
@@ -94,6 +94,36 @@ async fn inspect_with_retry(
             _ = tokio::time::sleep(backoff.next_delay()) => {}
             _ = shutdown.cancelled() => return Ok(None),
         }
+    }
+}
+
+/// Inspects the table over `conn`: under a transaction pool inside a transaction, since the
+/// statements then go unnamed and each needs one server session from Parse to Execute.
+async fn inspect_on(
+    conn: &mut PgConnection,
+    config: &RelayConfig,
+) -> Result<TableShape, InspectError> {
+    let pool_mode = config.db.pool_mode;
+    if pool_mode.named_statements() {
+        return inspect_with(conn, &config.db.table, pool_mode).await;
+    }
+    let mut tx = conn.begin().await?;
+    let shape = inspect_with(&mut tx, &config.db.table, pool_mode).await?;
+    tx.commit().await?;
+    Ok(shape)
+}
+
+/// Where the workers claim, and how they send their statements: per-key workers hold their
+/// lanes as session advisory locks on their claim connection, so under a transaction pool they
+/// claim through `--session-database-url` (config resolution refused a run without it);
+/// unordered workers claim through `--database-url`, as it is.
+fn claim_database(config: &RelayConfig) -> (DatabaseTarget, PoolMode) {
+    let db = &config.db;
+    match (db.table.ordering, db.pool_mode, &db.session_database) {
+        (DeliveryOrder::PerKey, PoolMode::Transaction, Some(session)) => {
+            (session.clone(), PoolMode::Session)
+        }
+        _ => (db.database.clone(), db.pool_mode),
     }
 }
 
@@ -138,7 +168,10 @@ pub async fn run(
     if !shape.server_autovacuum {
         warn!("{}", crate::table::migrate::AUTOVACUUM_OFF_WARNING);
     }
-    let statements = Arc::new(Statements::for_shape(&config.db.table, &shape));
+    let statements = Statements::for_shape(&config.db.table, &shape);
+    let (claim_database, claim_pool_mode) = claim_database(&config);
+    let reporter_statements = Arc::new(statements.clone().for_pool(config.db.pool_mode));
+    let statements = Arc::new(statements.for_pool(claim_pool_mode));
     let published_total = Arc::new(AtomicU64::new(0));
     // Keep the sender alive for the whole run; workers treat a closed channel as "poll only".
     let (wake_tx, wake_rx) = watch::channel(0u64);
@@ -151,7 +184,7 @@ pub async fn run(
     let connection_name = format!("outbox-relay {} {}", config.db.relay_name, config.pod_name);
     // Everything but the connector, which depends on the protocol.
     let shared = WorkerContext {
-        database: config.db.database.clone(),
+        database: claim_database,
         broker: (),
         statements: statements.clone(),
         settings: BatchSettings {
@@ -209,10 +242,24 @@ pub async fn run(
     }
 
     let background_stop = CancellationToken::new();
-    let listener = config.listen.then(|| {
+    // A LISTEN lasts a session: under a transaction pool it goes to --session-database-url
+    // (config resolution refused --listen without one).
+    let listen_database = config
+        .db
+        .session_database("--listen")
+        .ok()
+        .cloned()
+        .filter(|_| config.listen);
+    if !config.listen
+        && config.db.pool_mode == PoolMode::Transaction
+        && config.db.session_database.is_none()
+    {
+        info!(poll_interval = ?config.poll_interval, "LISTEN is off: under --database-pool-mode transaction it needs --session-database-url; idle workers poll");
+    }
+    let listener = listen_database.map(|database| {
         tokio::spawn(
             crate::runtime::listener::run_listener(
-                config.db.database.clone(),
+                database,
                 notify_channel(&config.db.table),
                 wake_tx.clone(),
                 background_stop.clone(),
@@ -223,9 +270,10 @@ pub async fn run(
     let reporter = tokio::spawn(
         run_reporter(ReporterContext {
             database: config.db.database.clone(),
+            pool_mode: config.db.pool_mode,
             reports_table: config.db.table.reports_table(),
             table: config.db.table.clone(),
-            statements,
+            statements: reporter_statements,
             relay: config.db.relay_name.clone(),
             pod: config.pod_name.clone(),
             interval: config.report_interval,
@@ -243,6 +291,7 @@ pub async fn run(
         workers = config.workers,
         batch_size = config.batch_size,
         mode = config.db.table.mode.as_str(),
+        pool_mode = config.db.pool_mode.as_str(),
         "relaying"
     );
 

@@ -22,6 +22,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
+use crate::database::PoolMode;
 use crate::table::inspect::SERVER_AUTOVACUUM_SQL;
 use crate::table::outbox::OutboxTable;
 
@@ -230,7 +231,20 @@ pub async fn measure_table_health(
     table: &OutboxTable,
     clock: &mut HorizonClock,
 ) -> Result<TableHealth, sqlx::Error> {
+    measure_table_health_with(conn, table, clock, PoolMode::Session).await
+}
+
+/// [`measure_table_health`] over a connection that reaches `pool_mode`; under a transaction
+/// pool the caller runs it inside a transaction, since its statements then go unnamed.
+pub async fn measure_table_health_with(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+    clock: &mut HorizonClock,
+    pool_mode: PoolMode,
+) -> Result<TableHealth, sqlx::Error> {
+    let persistent = pool_mode.named_statements();
     let row: Option<HolderRow> = sqlx::query_as(HOLDER_SQL)
+        .persistent(persistent)
         .fetch_optional(&mut *conn)
         .await?;
     let now = Instant::now();
@@ -274,6 +288,7 @@ pub async fn measure_table_health(
     let stats: Option<StatsRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(table.name.quoted())
         .bind(&index_names)
+        .persistent(persistent)
         .fetch_optional(&mut *conn)
         .await?;
     // The table was dropped since the start: nothing to say about it, nothing on.

@@ -3,6 +3,7 @@
 
 use sqlx::PgConnection;
 
+use crate::database::PoolMode;
 use crate::table::outbox::{ColumnRole, OutboxTable};
 
 /// Autovacuum runs on this server: it needs both settings on (without `track_counts` the
@@ -112,8 +113,20 @@ pub async fn inspect(
     conn: &mut PgConnection,
     table: &OutboxTable,
 ) -> Result<TableShape, InspectError> {
+    inspect_with(conn, table, PoolMode::Session).await
+}
+
+/// [`inspect`] over a connection that reaches `pool_mode`; under a transaction pool the caller
+/// runs it inside a transaction, since its statements then go unnamed.
+pub async fn inspect_with(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+    pool_mode: PoolMode,
+) -> Result<TableShape, InspectError> {
+    let persistent = pool_mode.named_statements();
     let exists: Option<bool> = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
         .bind(table.name.quoted())
+        .persistent(persistent)
         .fetch_one(&mut *conn)
         .await?;
     if exists != Some(true) {
@@ -125,6 +138,7 @@ pub async fn inspect(
           WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
     )
     .bind(table.name.quoted())
+    .persistent(persistent)
     .fetch_all(&mut *conn)
     .await?;
 
@@ -165,6 +179,7 @@ pub async fn inspect(
                FROM pg_class c WHERE c.oid = to_regclass($1)"
         )))
         .bind(table.name.quoted())
+        .persistent(persistent)
         .fetch_one(&mut *conn)
         .await?;
     Ok(TableShape {

@@ -7,8 +7,9 @@
 //! huge backlog costs bounded time.
 
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, PgConnection};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
+use crate::database::PoolMode;
 use crate::table::health::TableHealth;
 use crate::table::ident::TableName;
 use crate::table::sql::Statements;
@@ -124,10 +125,12 @@ pub async fn measure_backlog(
 ) -> Result<Backlog, sqlx::Error> {
     let pending: i64 = sqlx::query_scalar(AssertSqlSafe(statements.backlog.clone()))
         .bind(cap)
+        .persistent(statements.persistent())
         .fetch_one(&mut *conn)
         .await?;
     let oldest_age_seconds: Option<f64> =
         sqlx::query_scalar(AssertSqlSafe(statements.oldest_age.clone()))
+            .persistent(statements.persistent())
             .fetch_optional(&mut *conn)
             .await?
             .flatten();
@@ -170,12 +173,42 @@ pub async fn upsert_report(
     reports: &TableName,
     report: &Report,
 ) -> Result<Stored, sqlx::Error> {
-    match write_report(conn, reports, report, true).await {
+    match write_report(conn, reports, report, true, true).await {
         Err(e) if is_undefined_column(&e) => {
-            write_report(conn, reports, report, false).await?;
+            write_report(conn, reports, report, false, true).await?;
             Ok(Stored::LagOnly)
         }
         written => written.map(|()| Stored::Everything),
+    }
+}
+
+/// [`upsert_report`] over a connection that reaches `pool_mode`. Under a transaction pool
+/// each attempt runs in a transaction of its own (a savepoint when the caller has one open):
+/// its statement goes unnamed, and a report table without the newer columns fails the first
+/// attempt, which must not abort the caller's transaction.
+pub async fn upsert_report_with(
+    conn: &mut PgConnection,
+    reports: &TableName,
+    report: &Report,
+    pool_mode: PoolMode,
+) -> Result<Stored, sqlx::Error> {
+    if pool_mode.named_statements() {
+        return upsert_report(conn, reports, report).await;
+    }
+    let mut attempt = conn.begin().await?;
+    match write_report(&mut attempt, reports, report, true, false).await {
+        Err(e) if is_undefined_column(&e) => {
+            attempt.rollback().await?;
+            let mut again = conn.begin().await?;
+            write_report(&mut again, reports, report, false, false).await?;
+            again.commit().await?;
+            Ok(Stored::LagOnly)
+        }
+        Err(e) => Err(e),
+        Ok(()) => {
+            attempt.commit().await?;
+            Ok(Stored::Everything)
+        }
     }
 }
 
@@ -184,6 +217,7 @@ async fn write_report(
     reports: &TableName,
     report: &Report,
     with_newer_columns: bool,
+    persistent: bool,
 ) -> Result<(), sqlx::Error> {
     let (columns, values, updates) = if with_newer_columns {
         (
@@ -218,7 +252,7 @@ async fn write_report(
             .bind(problem.map(|p| p.message.as_str()))
             .bind(report.table_health.as_ref().map(sqlx::types::Json));
     }
-    query.execute(&mut *conn).await?;
+    query.persistent(persistent).execute(&mut *conn).await?;
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use crate::database::PoolMode;
 use crate::table::inspect::{PayloadKind, TableShape};
 use crate::table::outbox::{DeliveryMode, DeliveryOrder, OutboxTable};
 
@@ -61,6 +62,9 @@ pub struct Statements {
     /// Claims that settle in the same statement, where the protocol uses them: see
     /// [`SettlingClaims`]. None where a batch claims and then settles.
     pub settling: Option<SettlingClaims>,
+    /// What the connection that runs these reaches: under a transaction pool they go unnamed
+    /// (see [`PoolMode::named_statements`]). Session by default, as built.
+    pub pool_mode: PoolMode,
 }
 
 /// Claim statements that mark every claimed row processed as they claim it (one statement
@@ -101,6 +105,17 @@ impl Statements {
     /// kind is known.
     pub fn new(table: &OutboxTable, payload: PayloadKind) -> Self {
         Self::build(table, payload, false, true)
+    }
+
+    /// The same statements, for connections that reach `pool_mode`.
+    pub fn for_pool(mut self, pool_mode: PoolMode) -> Self {
+        self.pool_mode = pool_mode;
+        self
+    }
+
+    /// sqlx's `persistent` for these statements: named and kept prepared only on a session.
+    pub fn persistent(&self) -> bool {
+        self.pool_mode.named_statements()
     }
 
     fn build(table: &OutboxTable, payload: PayloadKind, raw_text: bool, single_heap: bool) -> Self {
@@ -299,6 +314,7 @@ impl Statements {
 
         Self {
             settling,
+            pool_mode: PoolMode::Session,
             purge_processed: purge_processed.into(),
             claim: claim.into(),
             claim_from: claim_from.into(),
