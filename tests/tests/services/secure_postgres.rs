@@ -215,8 +215,8 @@ async fn certificate_trust_host_name_and_files_are_named_when_they_fail() {
 
 /// A real server (the cluster on EXPIRED_PORT) whose certificate the test CA signed for
 /// 127.0.0.1 and which expired on 2021-01-01: both verifying modes refuse it, saying so with the
-/// host, the date, the clock and the fix; `require`, which checks no certificate, gets through,
-/// so the date is the only thing wrong.
+/// host, the date, the clock and the fix; `require` without a CA, which checks no certificate,
+/// gets through, so the date is the only thing wrong.
 #[tokio::test]
 async fn an_expired_server_certificate_is_named_with_its_host_date_and_fix() {
     let ca = tls::file("ca.pem");
@@ -243,7 +243,16 @@ async fn an_expired_server_certificate_is_named_with_its_host_date_and_fix() {
             assert!(message.contains(part), "{part:?} missing: {message}");
         }
     }
-    assert_eq!(attempt(&url("require"), secret).await, Ok(true));
+    // Without sslrootcert: with one, `require` checks the chain as verify-ca does (libpq's rule).
+    let require = tls::url_on(
+        "127.0.0.1",
+        EXPIRED_PORT,
+        "postgres",
+        "postgres",
+        Some(secret),
+        &[("sslmode", "require")],
+    );
+    assert_eq!(attempt(&require, secret).await, Ok(true));
 }
 
 #[tokio::test]
