@@ -103,6 +103,7 @@ tls_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/tls"
 PG_TLS_ONLY_PASSWORD='p@ss:w/rd %?&#tls'  # every character a URL must percent-encode
 PG_MD5_PASSWORD='md5-Pw/with:colon'
 PLAIN_PG_PORT=5433 # a second cluster without TLS: "TLS required, server has none"
+EXPIRED_PG_PORT=5434 # a third cluster whose certificate has expired: "the certificate expired"
 
 setup_tls() {
   [ "$(cat "$tls_dir/.version" 2>/dev/null)" = "$TLS_VERSION" ] && return 0
@@ -130,6 +131,38 @@ setup_tls() {
   fi
   chmod 600 "$d"/*.key
   echo "$TLS_VERSION" >"$d/.version"
+}
+
+# An expired server certificate for 127.0.0.1, signed by the test CA (the wrong-host case needs
+# none of its own: server.pem names 127.0.0.1 only, so `localhost` is a wrong host). OpenSSL 3.0's
+# `x509 -req` cannot date a certificate in the past, `openssl ca` can (-startdate/-enddate), given
+# a throw-away CA database. Kept apart from TLS_VERSION, which the other checkouts on a machine
+# share: made when missing, or again when setup_tls has made a new CA that did not sign it.
+setup_expired_cert() {
+  local d=$tls_dir work
+  [ -f "$d/expired.pem" ] && [ -f "$d/expired.key" ] \
+    && openssl verify -no_check_time -CAfile "$d/ca.pem" "$d/expired.pem" >/dev/null 2>&1 && return 0
+  echo "making an expired server certificate in $d"
+  work=$(mktemp -d)
+  : >"$work/index.txt"
+  openssl rand -hex 8 >"$work/serial"
+  printf '%s\n' '[ca]' 'default_ca = test' '[test]' "database = $work/index.txt" \
+    "new_certs_dir = $work" "serial = $work/serial" 'default_md = sha256' 'policy = any' \
+    'unique_subject = no' '[any]' 'commonName = supplied' >"$work/ca.cnf"
+  if ! {
+    openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout "$work/expired.key" -out "$work/expired.csr" &&
+      openssl ca -batch -notext -config "$work/ca.cnf" -cert "$d/ca.pem" -keyfile "$d/ca.key" \
+        -in "$work/expired.csr" -startdate 20200101000000Z -enddate 20210101000000Z \
+        -extfile <(printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n') -out "$work/expired.pem"
+  } >"$d/openssl-expired.log" 2>&1; then
+    rm -rf "$work"
+    tail -n 20 "$d/openssl-expired.log" >&2
+    echo "could not make the expired certificate (log: $d/openssl-expired.log)" >&2; exit 1
+  fi
+  chmod 600 "$work/expired.key"
+  mv "$work/expired.key" "$d/expired.key"
+  mv "$work/expired.pem" "$d/expired.pem"
+  rm -rf "$work"
 }
 
 # psql as postgres over the local socket of the main cluster.
@@ -207,6 +240,37 @@ start_plain_postgres() {
     || as_root pg_ctlcluster "$version" notls start
   for _ in $(seq 1 30); do pg_isready -q -h "$PGHOST" -p "$PLAIN_PG_PORT" && return 0; sleep 1; done
   echo "PostgreSQL cluster notls did not start on port $PLAIN_PG_PORT" >&2; exit 1
+}
+
+# A cluster that serves the expired certificate, for "the server's certificate has expired":
+# a real PostgreSQL handshake, not a mock. Kept small (16 MB of shared buffers, 10 connections).
+start_expired_postgres() {
+  local version dir=/var/lib/postgresql/outbox-relay-expired
+  # shellcheck disable=SC2012 # the cluster versions are plain numbers
+  version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n1)
+  if ! as_root cmp -s "$tls_dir/expired.pem" "$dir/server.pem" 2>/dev/null; then
+    as_root mkdir -p "$dir"
+    as_root cp "$tls_dir/expired.pem" "$dir/server.pem"
+    as_root cp "$tls_dir/expired.key" "$dir/server.key"
+    as_root chown -R postgres:postgres "$dir"
+    as_root chmod 600 "$dir/server.key"
+    # A running cluster reads its certificate files again on reload.
+    if pg_isready -q -h "$PGHOST" -p "$EXPIRED_PG_PORT" 2>/dev/null; then
+      as_root pg_ctlcluster "$version" expired reload
+    fi
+  fi
+  if [ ! -d "/etc/postgresql/$version/expired" ]; then
+    echo "creating PostgreSQL cluster expired (an expired certificate) on port $EXPIRED_PG_PORT"
+    as_root pg_createcluster "$version" expired --port "$EXPIRED_PG_PORT" -- --auth-host=trust --auth-local=peer >/dev/null
+    printf '%s\n' "ssl = on" "ssl_cert_file = '$dir/server.pem'" "ssl_key_file = '$dir/server.key'" \
+      "shared_buffers = 16MB" "max_connections = 10" \
+      | as_root tee "/etc/postgresql/$version/expired/conf.d/outbox-relay.conf" >/dev/null
+  fi
+  pg_isready -q -h "$PGHOST" -p "$EXPIRED_PG_PORT" 2>/dev/null && return 0
+  as_root pg_ctlcluster --skip-systemctl-redirect "$version" expired start 2>/dev/null \
+    || as_root pg_ctlcluster "$version" expired start
+  for _ in $(seq 1 30); do pg_isready -q -h "$PGHOST" -p "$EXPIRED_PG_PORT" && return 0; sleep 1; done
+  echo "PostgreSQL cluster expired did not start on port $EXPIRED_PG_PORT" >&2; exit 1
 }
 
 PGBOUNCER_PORT=6432
@@ -531,6 +595,8 @@ configure_postgres
 setup_tls
 configure_postgres_tls
 start_plain_postgres
+setup_expired_cert
+start_expired_postgres
 start_pgbouncer
 configure_rabbitmq_tls
 start_rabbitmq
@@ -539,6 +605,7 @@ enable_rabbitmq_amqp10
 start_artemis
 echo "services: PostgreSQL on $PGHOST:5432 (TLS with CA $tls_dir/ca.pem; TLS-only roles outbox_scram," \
   "outbox_md5, outbox_cert), PostgreSQL without TLS on $PGHOST:$PLAIN_PG_PORT," \
+  "PostgreSQL with an expired certificate on $PGHOST:$EXPIRED_PG_PORT," \
   "PgBouncer on 127.0.0.1:$PGBOUNCER_PORT (databases session and transaction), RabbitMQ on 127.0.0.1:5672 (AMQP 0-9-1 and 1.0)" \
   "and 5671 (AMQPS; certificate login for outbox_cert)," \
   "ActiveMQ Artemis $ARTEMIS_VERSION on 127.0.0.1:$ARTEMIS_PORT (AMQP 1.0; on :$ARTEMIS_MODIFIED_PORT a full address answers modified;" \

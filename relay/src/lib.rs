@@ -7,7 +7,8 @@
 //! checks that no module imports form a circle):
 //!
 //! - [`defaults`]: every default value and limit of the relay's options, in one place;
-//! - [`secret_url`] and [`metrics`]: leaves shared by everything above;
+//! - [`secret_url`], [`secret_file`], [`certificate_dates`] and [`metrics`]: leaves shared by
+//!   everything above;
 //! - [`database`]: opening connections (TLS as libpq means it, password files, clear failures);
 //! - [`table`]: identifiers, the table's shape, its SQL, the migration and the lag reports;
 //! - [`broker`]: the publisher trait (publish a batch, await its confirms) and its AMQP 0-9-1
@@ -19,8 +20,10 @@
 //! - [`tools`]: load generation and a counting consumer, for demos and benchmarks;
 //! - [`cli`]: the `outbox-relay` commands.
 
+pub mod certificate_dates;
 pub mod defaults;
 pub mod metrics;
+pub mod secret_file;
 pub mod secret_url;
 
 pub mod database;

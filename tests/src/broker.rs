@@ -11,6 +11,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use outbox_relay::table::OutboxTable;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// Longest wait for a consumer's clean-up at the end of a test.
@@ -175,6 +177,28 @@ impl Consumer {
 
     pub fn has(&self, id: &Uuid) -> bool {
         self.received.lock().unwrap().counts.contains_key(id)
+    }
+
+    /// Each of the `n` rows of `table` arrived exactly once: waits up to a minute for `n`
+    /// messages, then checks that the table holds `n` ids, none came twice and none is missing.
+    /// Call it once the relays have stopped, so a late duplicate has had its chance to show.
+    pub async fn assert_each_id_once(&self, conn: &mut PgConnection, table: &OutboxTable, n: u64) {
+        assert_eq!(
+            self.wait_for(n, Duration::from_secs(60)).await,
+            n,
+            "messages received"
+        );
+        let duplicates = self.duplicates();
+        assert!(
+            duplicates.is_empty(),
+            "{} ids arrived more than once, e.g. {:?}",
+            duplicates.len(),
+            &duplicates[..3.min(duplicates.len())]
+        );
+        let ids = crate::db::all_ids(conn, table).await;
+        assert_eq!(ids.len() as u64, n, "rows in {}", table.name);
+        let missing = ids.iter().filter(|id| !self.has(id)).count();
+        assert_eq!(missing, 0, "ids that never arrived");
     }
 
     /// Deletes the queue and closes the connection, giving up after [`CLOSE_TIMEOUT`].

@@ -145,6 +145,23 @@ pub async fn run_relay_command_with_env(
     )
 }
 
+/// Runs an `outbox-relay` command that must stop at a setting (exit 2), and returns its stderr
+/// after asserting that it says each of `says` and never shows `secret`.
+pub async fn run_relay_refusing_settings(
+    args: &[&str],
+    env: &[(&str, &str)],
+    says: &[&str],
+    secret: &str,
+) -> String {
+    let (code, _, stderr) = run_relay_command_with_env(args, env).await;
+    assert_eq!(code, 2, "{stderr}");
+    for part in says {
+        assert!(stderr.contains(part), "{part:?} missing: {stderr}");
+    }
+    assert!(!stderr.contains(secret), "a secret in: {stderr}");
+    stderr
+}
+
 impl RelayProcess {
     pub fn pid(&self) -> i32 {
         self.child.id().expect("process still running") as i32

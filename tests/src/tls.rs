@@ -1,6 +1,6 @@
 //! The TLS and authentication set-up `scripts/services.sh` makes: a test CA and certificates,
-//! TLS-only roles (SCRAM, md5, certificate login) on the main PostgreSQL, and a second cluster
-//! without TLS. The values here are the ones that script writes.
+//! TLS-only roles (SCRAM, md5, certificate login) on the main PostgreSQL, a second cluster
+//! without TLS and a third whose certificate has expired. The values here are the ones that script writes.
 
 use std::path::PathBuf;
 
@@ -13,6 +13,8 @@ pub const SCRAM_PASSWORD: &str = "p@ss:w/rd %?&#tls";
 pub const MD5_PASSWORD: &str = "md5-Pw/with:colon";
 /// The cluster that offers no TLS.
 pub const PLAIN_PORT: u16 = 5433;
+/// The cluster whose certificate (the test CA's, for 127.0.0.1) expired on 2021-01-01.
+pub const EXPIRED_PORT: u16 = 5434;
 
 /// Where services.sh keeps the CA, the server's and the client's certificates.
 pub fn dir() -> PathBuf {

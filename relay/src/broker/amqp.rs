@@ -90,7 +90,7 @@ impl AmqpPublisher {
             .with_tls_config(settings.tls.for_lapin()?)
             .connect()
             .await
-            .map_err(|e| classify(&e, &settings.tls).unwrap_or_else(|| unavailable(e)))?;
+            .map_err(|e| classify(&e, &settings.tls, url).unwrap_or_else(|| unavailable(e)))?;
         let channel = match open_channel(&connection, &settings, url).await {
             Ok(channel) => channel,
             Err(e) => {

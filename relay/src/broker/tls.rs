@@ -13,6 +13,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::{ConnectError, Refusal};
+use crate::certificate_dates::{self, Refusing};
+use crate::secret_file::read_password;
 use crate::secret_url::{SecretUrl, UrlKind};
 
 pub(super) fn refused(kind: Refusal, message: impl Into<String>) -> ConnectError {
@@ -27,12 +29,58 @@ pub(super) fn refused(kind: Refusal, message: impl Into<String>) -> ConnectError
 pub struct BrokerTls {
     /// PEM CA certificates trusted besides the system's store.
     pub ca_file: Option<PathBuf>,
-    /// PEM client certificate (chain) and its PKCS#8 key.
-    pub client_cert: Option<PathBuf>,
-    pub client_key: Option<PathBuf>,
+    /// The client certificate and its key, which only work together.
+    pub client: Option<ClientCert>,
+}
+
+/// A PEM client certificate (chain) and its PKCS#8 key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// A client certificate given without its key, or a key without its certificate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--broker-client-cert and --broker-client-key go together (env BROKER_CLIENT_CERT and \
+     BROKER_CLIENT_KEY, YAML broker_client_cert and broker_client_key): {given} is set and \
+     {missing} is not; set both, or neither"
+)]
+pub struct UnpairedClientCert {
+    /// The one of the two that is set, e.g. "--broker-client-cert".
+    pub given: &'static str,
+    /// The other one.
+    pub missing: &'static str,
 }
 
 impl BrokerTls {
+    /// The set-up from its options, wherever they came from (flags, environment, YAML): the one
+    /// place that checks that a client certificate comes with its key.
+    pub fn new(
+        ca_file: Option<PathBuf>,
+        client_cert: Option<PathBuf>,
+        client_key: Option<PathBuf>,
+    ) -> Result<Self, UnpairedClientCert> {
+        let client = match (client_cert, client_key) {
+            (Some(cert), Some(key)) => Some(ClientCert { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(UnpairedClientCert {
+                    given: "--broker-client-cert",
+                    missing: "--broker-client-key",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(UnpairedClientCert {
+                    given: "--broker-client-key",
+                    missing: "--broker-client-cert",
+                });
+            }
+        };
+        Ok(Self { ca_file, client })
+    }
+
     /// lapin's TLS settings, the files read now.
     pub fn for_lapin(&self) -> Result<OwnedTLSConfig, ConnectError> {
         let cert_chain = match &self.ca_file {
@@ -46,10 +94,10 @@ impl BrokerTls {
             )?),
             None => None,
         };
-        let identity = match self.client_pair()? {
-            Some((cert, key)) => Some(OwnedIdentity::PKCS8 {
-                pem: read(cert, "--broker-client-cert")?,
-                key: read(key, "--broker-client-key")?,
+        let identity = match &self.client {
+            Some(client) => Some(OwnedIdentity::PKCS8 {
+                pem: read(&client.cert, "--broker-client-cert")?,
+                key: read(&client.key, "--broker-client-key")?,
             }),
             None => None,
         };
@@ -75,9 +123,9 @@ impl BrokerTls {
             .map_err(|e| refused(Refusal::Settings, format!("cannot set up TLS: {e}")))?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verifier));
-        match self.client_pair()? {
+        match &self.client {
             None => Ok(builder.with_no_client_auth()),
-            Some((cert, key)) => {
+            Some(ClientCert { cert, key }) => {
                 let chain = certificates(cert, "--broker-client-cert")?;
                 let key = PrivateKeyDer::from_pem_slice(&read(key, "--broker-client-key")?)
                     .map_err(|e| {
@@ -101,42 +149,16 @@ impl BrokerTls {
             }
         }
     }
-
-    fn client_pair(&self) -> Result<Option<(&Path, &Path)>, ConnectError> {
-        match (&self.client_cert, &self.client_key) {
-            (Some(cert), Some(key)) => Ok(Some((cert, key))),
-            (None, None) => Ok(None),
-            (Some(_), None) => Err(refused(
-                Refusal::Settings,
-                "--broker-client-cert needs its key: set --broker-client-key",
-            )),
-            (None, Some(_)) => Err(refused(
-                Refusal::Settings,
-                "--broker-client-key needs its certificate: set --broker-client-cert",
-            )),
-        }
-    }
 }
 
-/// `url` with the password read from `file` (the first line, its ending dropped), or `url` as
-/// given when there is no file.
+/// `url` with the password read from `file` (the first line, its ending dropped, as for
+/// PostgreSQL's password file), or `url` as given when there is no file.
 pub fn with_password_file(url: &SecretUrl, file: Option<&Path>) -> Result<SecretUrl, ConnectError> {
     let Some(file) = file else {
         return Ok(url.clone());
     };
-    let text = String::from_utf8(read(file, "--broker-password-file")?).map_err(|_| {
-        refused(
-            Refusal::Settings,
-            format!("--broker-password-file {}: not UTF-8 text", file.display()),
-        )
-    })?;
-    let password = text.lines().next().unwrap_or("");
-    if password.is_empty() {
-        return Err(refused(
-            Refusal::Settings,
-            format!("--broker-password-file {} is empty", file.display()),
-        ));
-    }
+    let password = read_password(file, "--broker-password-file")
+        .map_err(|e| refused(Refusal::Settings, e.to_string()))?;
     let mut parsed = url::Url::parse(url.expose()).map_err(|e| {
         refused(
             Refusal::Settings,
@@ -145,7 +167,7 @@ pub fn with_password_file(url: &SecretUrl, file: Option<&Path>) -> Result<Secret
     })?;
     // set_password percent-encodes what a URL's user-info cannot hold as is.
     parsed
-        .set_password(Some(password))
+        .set_password(Some(&password))
         .map_err(|()| refused(Refusal::Settings, "the broker URL cannot carry a password"))?;
     SecretUrl::parse(parsed.as_str(), UrlKind::Amqp)
         .map_err(|e| refused(Refusal::Settings, format!("the broker URL {e}")))
@@ -184,7 +206,14 @@ fn certificates(path: &Path, setting: &str) -> Result<Vec<CertificateDer<'static
 pub(super) fn classify(
     error: &(dyn std::error::Error + 'static),
     tls: &BrokerTls,
+    url: &SecretUrl,
 ) -> Option<ConnectError> {
+    let parsed = url::Url::parse(url.expose()).ok();
+    // The host alone: never the URL, whose user-info may hold a password.
+    let host = parsed
+        .as_ref()
+        .and_then(|u| u.host_str())
+        .unwrap_or("the URL's host");
     let rustls_error = find_cause::<rustls::Error>(error);
     if let Some(e) = rustls_error {
         let message = match e {
@@ -203,16 +232,21 @@ pub(super) fn classify(
                     )
                 }
                 rustls::CertificateError::NotValidForName
-                | rustls::CertificateError::NotValidForNameContext { .. } => {
-                    "the broker's certificate is not valid for the URL's host name: connect by a \
-                     name the certificate lists"
-                        .into()
-                }
-                rustls::CertificateError::Expired
-                | rustls::CertificateError::ExpiredContext { .. } => {
-                    "the broker's certificate has expired: renew it on the broker".into()
-                }
-                other => format!("the broker's certificate was refused ({other:?})"),
+                | rustls::CertificateError::NotValidForNameContext { .. } => format!(
+                    "the broker's certificate is not valid for the host name {host}: connect by \
+                     a name the certificate lists (the broker URL's host), or give the broker a \
+                     certificate that names {host}"
+                ),
+                other => certificate_dates::problem(
+                    other,
+                    &Refusing {
+                        whose: "the broker's",
+                        host,
+                        checked_by: "amqps://",
+                        renew: "the broker's certificate (RabbitMQ: ssl_options.certfile)",
+                    },
+                )
+                .unwrap_or_else(|| format!("the broker's certificate was refused ({other:?})")),
             },
             rustls::Error::AlertReceived(alert) => format!(
                 "the broker ended the TLS handshake ({alert:?}): if it requires a client \
@@ -270,4 +304,76 @@ fn find_cause<'a, T: std::error::Error + 'static>(
         current = e.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rustls::CertificateError;
+    use rustls::pki_types::UnixTime;
+
+    use super::*;
+
+    fn refusal_for(cert: CertificateError) -> (Refusal, String) {
+        let url = SecretUrl::parse(
+            "amqps://relay:S3cret-pw@mq.internal:5671/%2f",
+            UrlKind::Amqp,
+        )
+        .unwrap();
+        let error = rustls::Error::InvalidCertificate(cert);
+        match classify(&error, &BrokerTls::default(), &url) {
+            Some(ConnectError::Refused { kind, message }) => {
+                assert!(!message.contains("S3cret-pw"), "{message}");
+                (kind, message)
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    /// The broker with an expired certificate is not tested against a real broker (RabbitMQ
+    /// serves one certificate per listener), so its words are checked here.
+    #[test]
+    fn an_expired_broker_certificate_names_the_host_the_date_and_the_fix() {
+        let at = |s| UnixTime::since_unix_epoch(Duration::from_secs(s));
+        let (kind, message) = refusal_for(CertificateError::ExpiredContext {
+            time: at(1_796_256_000),
+            not_after: at(1_609_459_200),
+        });
+        assert_eq!(kind, Refusal::Tls);
+        for part in [
+            "the broker's certificate for mq.internal expired on 2021-01-01",
+            "renew the broker's certificate",
+            "check this host's clock",
+        ] {
+            assert!(message.contains(part), "{part:?} missing: {message}");
+        }
+        let (_, message) = refusal_for(CertificateError::Expired);
+        assert!(message.contains("has expired"), "{message}");
+    }
+
+    #[test]
+    fn a_certificate_for_another_host_names_the_host() {
+        let (kind, message) = refusal_for(CertificateError::NotValidForName);
+        assert_eq!(kind, Refusal::Tls);
+        assert!(
+            message.contains("not valid for the host name mq.internal"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_client_certificate_and_its_key_come_together() {
+        let err = BrokerTls::new(None, Some("c.pem".into()), None).unwrap_err();
+        assert_eq!(err.missing, "--broker-client-key");
+        let err = BrokerTls::new(None, None, Some("c.key".into())).unwrap_err();
+        assert_eq!(err.missing, "--broker-client-cert");
+        assert!(err.to_string().contains("--broker-client-key"), "{err}");
+        let tls = BrokerTls::new(None, Some("c.pem".into()), Some("c.key".into())).unwrap();
+        assert!(tls.client.is_some());
+        assert_eq!(
+            BrokerTls::new(None, None, None).unwrap(),
+            BrokerTls::default()
+        );
+    }
 }

@@ -180,20 +180,10 @@ pub struct RunArgs {
     pub broker_ca_file: Option<PathBuf>,
     /// PEM client certificate for amqps:// (RabbitMQ certificate login: add
     /// ?auth_mechanism=external to the URL). Needs --broker-client-key.
-    #[arg(
-        long,
-        env = "BROKER_CLIENT_CERT",
-        value_name = "FILE",
-        requires = "broker_client_key"
-    )]
+    #[arg(long, env = "BROKER_CLIENT_CERT", value_name = "FILE")]
     pub broker_client_cert: Option<PathBuf>,
     /// PEM (PKCS#8) private key of --broker-client-cert.
-    #[arg(
-        long,
-        env = "BROKER_CLIENT_KEY",
-        value_name = "FILE",
-        requires = "broker_client_cert"
-    )]
+    #[arg(long, env = "BROKER_CLIENT_KEY", value_name = "FILE")]
     pub broker_client_key: Option<PathBuf>,
     /// AMQP 1.0 target address: a queue or topic (Service Bus: the entity path; RabbitMQ:
     /// e.g. /amq/queue/NAME). Required with --broker-protocol amqp10.

@@ -365,35 +365,24 @@ fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig
 
 /// Resolves the options of `run`.
 pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
-    let file = load_file(&args.table)?;
-    let db = resolve_table_with(&args.table, &file)?;
+    resolve_run_with(args, &load_file(&args.table)?)
+}
+
+fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, ConfigError> {
+    let db = resolve_table_with(&args.table, file)?;
 
     let broker_protocol = layer(&args.broker_protocol, &file.broker_protocol).unwrap_or_default();
-    let broker_url = broker_url(args, &file)?;
-    let broker_tls = BrokerTls {
-        ca_file: layer(&args.broker_ca_file, &file.broker_ca_file),
-        client_cert: layer(&args.broker_client_cert, &file.broker_client_cert),
-        client_key: layer(&args.broker_client_key, &file.broker_client_key),
-    };
-    match (&broker_tls.client_cert, &broker_tls.client_key) {
-        (Some(_), None) => {
-            return Err(ConfigError::new(
-                "broker-client-key",
-                "is needed with --broker-client-cert",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(ConfigError::new(
-                "broker-client-cert",
-                "is needed with --broker-client-key",
-            ));
-        }
-        _ => {}
-    }
+    let broker_url = broker_url(args, file)?;
+    let broker_tls = BrokerTls::new(
+        layer(&args.broker_ca_file, &file.broker_ca_file),
+        layer(&args.broker_client_cert, &file.broker_client_cert),
+        layer(&args.broker_client_key, &file.broker_client_key),
+    )
+    .map_err(|e| ConfigError::new(e.given.trim_start_matches("--"), e.to_string()))?;
     let address = layer(&args.address, &file.address);
     match broker_protocol {
         BrokerProtocol::Amqp091 => amqp091_only(address.is_some())?,
-        BrokerProtocol::Amqp10 => amqp10_only(args, &file, address.as_deref())?,
+        BrokerProtocol::Amqp10 => amqp10_only(args, file, address.as_deref())?,
     }
     let exchange =
         layer(&args.exchange, &file.exchange).unwrap_or_else(|| defaults::EXCHANGE.into());
@@ -513,6 +502,7 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::tls::ClientCert;
 
     fn run_args() -> RunArgs {
         RunArgs {
@@ -721,6 +711,39 @@ mod tests {
         assert_eq!(
             resolve_run(&address_under_091).unwrap_err().field,
             "address"
+        );
+    }
+
+    /// The pairing is checked once, in `BrokerTls::new`, which every source goes through: flags
+    /// (and the environment, which clap puts in the same fields; tests/tests/services/cli.rs runs
+    /// that one), the YAML file, and a mix of the two.
+    #[test]
+    fn a_broker_client_certificate_needs_its_key_from_every_source() {
+        let names_both = |err: &ConfigError| {
+            let text = err.to_string();
+            assert!(
+                text.contains("--broker-client-cert") && text.contains("--broker-client-key"),
+                "{text}"
+            );
+        };
+        let mut args = run_args();
+        args.broker_client_cert = Some("/tls/client.pem".into());
+        let err = resolve_run(&args).unwrap_err();
+        assert_eq!(err.field, "broker-client-cert", "{err}");
+        names_both(&err);
+
+        let file = FileConfig::parse("broker_client_key: /tls/client.key\n").unwrap();
+        let err = resolve_run_with(&run_args(), &file).unwrap_err();
+        assert_eq!(err.field, "broker-client-key", "{err}");
+        names_both(&err);
+
+        let paired = resolve_run_with(&args, &file).unwrap().broker_tls.client;
+        assert_eq!(
+            paired,
+            Some(ClientCert {
+                cert: "/tls/client.pem".into(),
+                key: "/tls/client.key".into()
+            })
         );
     }
 

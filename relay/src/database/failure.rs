@@ -7,8 +7,9 @@ use rustls::CertificateError;
 use sqlx::postgres::PgSslMode;
 
 use super::options::{Resolved, RootCert, SettingsError, mode_name};
-use super::password_file::PasswordFileError;
 use super::target::DatabaseTarget;
+use crate::certificate_dates::{self, Refusing};
+use crate::secret_file::PasswordFileError;
 
 /// The cause, as a code a program can act on (the relay's `/readyz`, the operator's condition
 /// reasons).
@@ -54,12 +55,12 @@ impl ConnectFailure {
         }
     }
 
+    /// The message starts with `--database-password-file`; the environment variable and the
+    /// YAML key that set the same option are named after it.
     pub fn password_file(e: PasswordFileError) -> Self {
         Self::new(
             FailureKind::Settings,
-            format!(
-                "{e} (database password file: --database-password-file, DATABASE_PASSWORD_FILE)"
-            ),
+            format!("{e} (env DATABASE_PASSWORD_FILE, YAML database_password_file)"),
         )
     }
 
@@ -140,7 +141,13 @@ pub fn behind_transaction_pooling(e: &sqlx::Error) -> bool {
 /// `hostssl`): what libpq's `allow` retries with TLS.
 pub fn is_encryption_required(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db)
-        if db.code().as_deref() == Some("28000") && db.message().contains("no encryption"))
+        if refused_without_encryption(db.code().as_deref().unwrap_or_default(), db.message()))
+}
+
+/// pg_hba's refusal of a connection that only a `hostssl` rule would let in: SQLSTATE 28000
+/// (invalid_authorization_specification) with "no encryption" in PostgreSQL's message.
+fn refused_without_encryption(code: &str, server_says: &str) -> bool {
+    code == "28000" && server_says.contains("no encryption")
 }
 
 fn rustls_error(e: &sqlx::Error) -> Option<&rustls::Error> {
@@ -186,13 +193,21 @@ fn tls_failure(e: &rustls::Error, resolved: &Resolved) -> ConnectFailure {
                      the CA only"
                 )
             }
-            CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
-                "the database server's certificate has expired: renew it on the server".into()
+            other => {
+                let checked_by = format!("sslmode={}", mode_name(resolved.mode));
+                let dates = Refusing {
+                    whose: "the database server's",
+                    host,
+                    checked_by: &checked_by,
+                    renew: "the server's certificate (ssl_cert_file in postgresql.conf)",
+                };
+                certificate_dates::problem(other, &dates).unwrap_or_else(|| {
+                    format!(
+                        "the database server's certificate was refused ({other:?}): {}",
+                        trust_hint(resolved)
+                    )
+                })
             }
-            CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
-                "the database server's certificate is not valid yet: check the clocks of both hosts".into()
-            }
-            other => format!("the database server's certificate was refused ({other:?}): {}", trust_hint(resolved)),
         },
         rustls::Error::InconsistentKeys(_) => {
             "sslkey is not the private key of sslcert: give the key that belongs to the client certificate".into()
@@ -235,7 +250,7 @@ fn auth_failure(
                  --database-password-file"
             ),
         },
-        "28000" if server_says.contains("no encryption") => format!(
+        _ if refused_without_encryption(code, server_says) => format!(
             "the server accepts user {user} only over TLS (pg_hba.conf: hostssl), and sslmode={} \
              connected without it: set sslmode=verify-full with sslrootcert=FILE (or require)",
             mode_name(resolved.mode)

@@ -4,7 +4,6 @@
 //! statement logging kept quiet, and failures said in words that name the setting to change.
 //!
 //! - [`target`]: what to connect to (the URL and an optional password file);
-//! - [`password_file`]: reading the current password;
 //! - [`options`]: the driver's options from the URL, the environment and the password (pure);
 //! - [`failure`]: why a connect failed, and what fixes it;
 //! - [`pool_mode`]: whether connections are sessions of their own or lent per transaction;
@@ -12,7 +11,6 @@
 
 pub mod failure;
 pub mod options;
-pub mod password_file;
 pub mod pool_mode;
 pub mod target;
 
@@ -29,7 +27,10 @@ pub use target::{DatabaseTarget, Pem, TlsMaterial};
 /// the driver's own error does not say which file it could not read.
 fn prepare(target: &DatabaseTarget) -> Result<options::Resolved, ConnectFailure> {
     let password = match target.password_file() {
-        Some(path) => Some(password_file::read(path).map_err(ConnectFailure::password_file)?),
+        Some(path) => Some(
+            crate::secret_file::read_password(path, "--database-password-file")
+                .map_err(ConnectFailure::password_file)?,
+        ),
         None => target.given_password().map(str::to_string),
     };
     let resolved = options::resolve(target.url().expose(), password.as_deref(), target.tls())

@@ -92,10 +92,10 @@ pub(super) async fn open(
         let stream = connector
             .connect(server, tcp)
             .await
-            .map_err(|e| classify(&e, tls_files).unwrap_or_else(|| unavailable(e)))?;
+            .map_err(|e| classify(&e, tls_files, url).unwrap_or_else(|| unavailable(e)))?;
         builder.open_with_stream(stream).await
     } else {
         builder.open_with_stream(tcp).await
     };
-    opened.map_err(|e| classify(&e, tls_files).unwrap_or_else(|| unavailable(e)))
+    opened.map_err(|e| classify(&e, tls_files, url).unwrap_or_else(|| unavailable(e)))
 }

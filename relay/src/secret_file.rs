@@ -1,34 +1,43 @@
-//! The password kept in a file that something else rewrites: a Kubernetes Secret mounted as a
+//! A password kept in a file that something else rewrites: a Kubernetes Secret mounted as a
 //! volume, a Vault or CSI secrets-store sidecar, a cloud identity agent writing an RDS IAM or
 //! Entra ID token. It is read at each new connection, never cached, so a rotation needs no
-//! restart.
+//! restart. PostgreSQL (`--database-password-file`) and the broker (`--broker-password-file`)
+//! read it the same way, here, so the two cannot drift apart.
 
 use std::path::Path;
 
-/// Why the file gave no password. Never holds the file's content.
+/// Why the file gave no password. Starts with the option that named the file, so the message
+/// says what to fix; never holds the file's content.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PasswordFileError {
-    #[error("cannot read the password file {path}: {reason}")]
-    Unreadable { path: String, reason: String },
-    #[error("the password file {path} is empty")]
-    Empty { path: String },
+    #[error("{setting} {path} cannot be read: {reason}")]
+    Unreadable {
+        setting: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error("{setting} {path} is empty: its first line must hold the password")]
+    Empty { setting: &'static str, path: String },
 }
 
-/// The password: the file's first line, without its line ending (tools write files ending in a
-/// newline that is not part of the password); surrounding spaces are kept, they may belong to it.
-pub fn read(path: &Path) -> Result<String, PasswordFileError> {
+/// The password in the file that `setting` (the option's flag, e.g. `--broker-password-file`)
+/// names: the file's first line, without its line ending (tools write files ending in a newline
+/// that is not part of the password); surrounding spaces are kept, they may belong to it.
+pub fn read_password(path: &Path, setting: &'static str) -> Result<String, PasswordFileError> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| PasswordFileError::Unreadable {
+    let unreadable = |reason: String| PasswordFileError::Unreadable {
+        setting,
         path: shown.clone(),
-        reason: e.kind().to_string(),
-    })?;
-    let text = String::from_utf8(bytes).map_err(|_| PasswordFileError::Unreadable {
-        path: shown.clone(),
-        reason: "it is not UTF-8 text".into(),
-    })?;
+        reason,
+    };
+    let bytes = std::fs::read(path).map_err(|e| unreadable(e.kind().to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|_| unreadable("it is not UTF-8 text".into()))?;
     let first_line = text.lines().next().unwrap_or("");
     if first_line.is_empty() {
-        return Err(PasswordFileError::Empty { path: shown });
+        return Err(PasswordFileError::Empty {
+            setting,
+            path: shown,
+        });
     }
     Ok(first_line.to_string())
 }
@@ -44,6 +53,8 @@ mod tests {
         (dir, path)
     }
 
+    const SETTING: &str = "--database-password-file";
+
     #[test]
     fn the_first_line_without_its_ending_is_the_password() {
         for (content, want) in [
@@ -54,25 +65,31 @@ mod tests {
             (b"tok3n.with:@/%?\nignored", "tok3n.with:@/%?"),
         ] {
             let (_dir, path) = file_with(content);
-            assert_eq!(read(&path).unwrap(), want);
+            assert_eq!(read_password(&path, SETTING).unwrap(), want);
         }
     }
 
     #[test]
     fn an_empty_or_missing_file_is_an_error_that_names_it_and_holds_no_content() {
         let (_dir, path) = file_with(b"\nhunter2\n");
-        let err = read(&path).unwrap_err();
+        let err = read_password(&path, SETTING).unwrap_err();
         assert!(matches!(err, PasswordFileError::Empty { .. }), "{err}");
+        assert!(err.to_string().starts_with(SETTING), "{err}");
         assert!(err.to_string().contains(&path.display().to_string()));
         assert!(!err.to_string().contains("hunter2"));
 
         let missing = path.with_file_name("absent");
-        let err = read(&missing).unwrap_err();
+        let err = read_password(&missing, "--broker-password-file").unwrap_err();
+        assert!(
+            err.to_string().starts_with("--broker-password-file"),
+            "{err}"
+        );
         assert!(err.to_string().contains("absent"), "{err}");
         assert!(err.to_string().contains("not found"), "{err}");
 
         let (_dir, path) = file_with(&[0xff, 0xfe, b'\n']);
-        assert!(read(&path).unwrap_err().to_string().contains("not UTF-8"));
+        let err = read_password(&path, SETTING).unwrap_err();
+        assert!(err.to_string().contains("not UTF-8"), "{err}");
     }
 
     /// A private directory removed on drop (no tempfile crate needed for three tests).
