@@ -352,6 +352,14 @@ fn invalid_outbox_relays_are_refused_with_the_field_named() {
             &["spec.broker.tls.ca", "exactly one of secretKeyRef and configMapKeyRef"],
         ),
         (
+            "a transaction pool without a session URL (CEL)",
+            BASE.replace(
+                "    table: outbox_messages\n",
+                "    table: outbox_messages\n    poolMode: transaction\n",
+            ),
+            &["spec.database.sessionUrlSecretRef", "needs database.sessionUrlSecretRef"],
+        ),
+        (
             "an sslmode libpq does not know",
             BASE.replace(
                 "    table: outbox_messages\n",

@@ -16,6 +16,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use lapin::ExchangeKind;
 use outbox_operator::crd::OutboxRelaySpec;
+use outbox_relay::table::OutboxTable;
 use outbox_tests::cluster::{TestCluster, create_url_secret, relay_spec};
 use outbox_tests::node_agent::NodeAgentConfig;
 use outbox_tests::tls::{self, TlsRole};
@@ -80,6 +81,19 @@ fn secure_spec(table: &str, exchange: &str) -> OutboxRelaySpec {
         "clientCertificateSecretRef": {"name": "relay-client"},
     });
     serde_json::from_value(spec).expect("the secure spec deserializes")
+}
+
+/// Inserts [`ROWS`] rows and waits until the relay has settled them all.
+async fn insert_and_drain(cluster: &TestCluster, admin: &mut PgConnection, table: &OutboxTable) {
+    outbox_relay::tools::seed::copy_rows(admin, table, ROWS, 50, |_| {})
+        .await
+        .unwrap();
+    assert!(
+        db::wait_until_drained(table, Duration::from_secs(120)).await,
+        "rows still pending: {}\n{}",
+        db::pending(admin, table).await,
+        cluster.operator.log_text()
+    );
 }
 
 /// (sessions of `role` over TLS, all its sessions), from pg_stat_ssl.
@@ -152,15 +166,7 @@ async fn an_outbox_relay_with_tls_secrets_relays_names_a_wrong_ca_and_recovers()
     // own connection used the password Secret and the CA Secret.
     cluster.wait_for_ready("secure", "True", "").await;
 
-    outbox_relay::tools::seed::copy_rows(&mut admin, &table, ROWS, 50, |_| {})
-        .await
-        .unwrap();
-    assert!(
-        db::wait_until_drained(&table, Duration::from_secs(120)).await,
-        "rows still pending: {}\n{}",
-        db::pending(&mut admin, &table).await,
-        cluster.operator.log_text()
-    );
+    insert_and_drain(&cluster, &mut admin, &table).await;
     let (encrypted, all) = sessions_of(&mut admin, &role.name).await;
     assert!(
         all > 0 && encrypted == all,
@@ -178,14 +184,7 @@ async fn an_outbox_relay_with_tls_secrets_relays_names_a_wrong_ca_and_recovers()
 
     set_database_ca(&cluster, &file_text("ca.pem")).await;
     cluster.wait_for_ready("secure", "True", "").await;
-    outbox_relay::tools::seed::copy_rows(&mut admin, &table, ROWS, 50, |_| {})
-        .await
-        .unwrap();
-    assert!(
-        db::wait_until_drained(&table, Duration::from_secs(120)).await,
-        "rows still pending after the CA came back: {}",
-        db::pending(&mut admin, &table).await
-    );
+    insert_and_drain(&cluster, &mut admin, &table).await;
     // Every row once or more (a rolled pod may repeat a batch), none lost.
     assert!(consumer.wait_for(2 * ROWS, Duration::from_secs(60)).await >= 2 * ROWS);
     assert_eq!(consumer.distinct() as u64, 2 * ROWS);
@@ -193,4 +192,68 @@ async fn an_outbox_relay_with_tls_secrets_relays_names_a_wrong_ca_and_recovers()
     consumer.close().await;
     cluster.shutdown().await;
     role.drop_now().await;
+}
+
+/// Behind PgBouncer's transaction pool (with its session pool as the session URL), as
+/// `database.poolMode: transaction` declares: the operator migrates through the session URL,
+/// the pods relay through the transaction pool, every row arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outbox_relay_behind_a_transaction_pool_relays_every_row() {
+    let schema = unique("e2e_pool");
+    let mut admin = db::connect().await;
+    let create = format!("CREATE SCHEMA {schema} AUTHORIZATION outbox_scram");
+    db::exec(&mut admin, &create).await;
+    let name = format!("{schema}.outbox");
+    let table = db::table(&name);
+    let mut admin = db::seeded_table(&table, 0).await;
+    let adopt = format!("ALTER TABLE {} OWNER TO outbox_scram", table.name.quoted());
+    db::exec(&mut admin, &adopt).await;
+    let exchange = unique("e2e_pool_x");
+    let consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
+
+    let cluster = TestCluster::start(NodeAgentConfig::default()).await;
+    let pool = |database: &str| tls::url_on("127.0.0.1", 6432, database, "outbox_scram", None, &[]);
+    create_url_secret(
+        &cluster.client,
+        &cluster.namespace,
+        "db-pool",
+        &pool("transaction"),
+    )
+    .await;
+    create_url_secret(
+        &cluster.client,
+        &cluster.namespace,
+        "db-session",
+        &pool("session"),
+    )
+    .await;
+    let password = format!("{}\n", tls::SCRAM_PASSWORD);
+    put_secret(&cluster, "db-password", None, &[("password", password)]).await;
+    let mut spec = serde_json::to_value(relay_spec(&name, &exchange)).unwrap();
+    spec["database"]["urlSecretRef"]["name"] = "db-pool".into();
+    spec["database"]["poolMode"] = "transaction".into();
+    spec["database"]["sessionUrlSecretRef"] = serde_json::json!({"name": "db-session"});
+    spec["database"]["passwordSecretRef"] = serde_json::json!({"name": "db-password"});
+    let spec: OutboxRelaySpec = serde_json::from_value(spec).unwrap();
+    cluster.create_relay("pooled", spec).await;
+    cluster.wait_for_ready("pooled", "True", "").await;
+    let deployment = cluster.deployments().get("pooled").await.unwrap();
+    let container = &deployment.spec.template.spec.unwrap().containers[0];
+    let args = container.args.clone().unwrap_or_default().join(" ");
+    assert!(args.contains("--database-pool-mode transaction"), "{args}");
+    let env: Vec<String> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.clone())
+        .collect();
+    assert!(env.contains(&"SESSION_DATABASE_URL".to_string()), "{env:?}");
+
+    insert_and_drain(&cluster, &mut admin, &table).await;
+    assert!(consumer.wait_for(ROWS, Duration::from_secs(60)).await >= ROWS);
+    assert_eq!(consumer.distinct() as u64, ROWS);
+
+    consumer.close().await;
+    cluster.shutdown().await;
+    db::exec(&mut admin, &format!("DROP SCHEMA {schema} CASCADE")).await;
 }

@@ -83,6 +83,8 @@ pub fn crd_yaml() -> String {
 #[x_kube(
     validation = Rule::new("!has(self.relay) || !has(self.relay.ordering) || self.relay.ordering != 'perKey' || (has(self.database.columns) && has(self.database.columns.partitionKey))").message("relay.ordering perKey orders the rows of each partition key: set database.columns.partitionKey (e.g. the aggregate id), or use ordering unordered").field_path(".relay.ordering"),
     validation = Rule::new("!has(self.database.columns) || !has(self.database.columns.partitionKey) || (has(self.relay) && has(self.relay.ordering) && self.relay.ordering == 'perKey')").message("database.columns.partitionKey only has a meaning with relay.ordering perKey: set it, or remove the column").field_path(".database.columns.partitionKey"),
+    validation = Rule::new("!has(self.database.poolMode) || self.database.poolMode != 'transaction' || has(self.database.sessionUrlSecretRef)").message("database.poolMode transaction needs database.sessionUrlSecretRef: the migration, per-key ordering and LISTEN take session advisory locks or listen, which a transaction pool cannot keep; give a URL of the server itself or of a session pool").field_path(".database.sessionUrlSecretRef"),
+    validation = Rule::new("!has(self.database.sessionUrlSecretRef) || (has(self.database.poolMode) && self.database.poolMode == 'transaction')").message("database.sessionUrlSecretRef is only used with database.poolMode transaction: set it, or remove the session URL").field_path(".database.sessionUrlSecretRef"),
     validation = Rule::new("!has(self.broker.protocol) || self.broker.protocol != 'amqp10' || !has(self.database.columns) || !has(self.database.columns.routingKey)").message("columns.routingKey is an AMQP 0-9-1 mapping with no meaning under broker.protocol amqp10 (the row's type goes in the subject property): remove it").field_path(".database.columns.routingKey")
 )]
 #[serde(rename_all = "camelCase")]
@@ -131,6 +133,17 @@ pub struct DatabaseSpec {
     /// over a password in the URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_secret_ref: Option<PasswordSecretRef>,
+    /// What the URL reaches: session (the server, or a pooler in session mode) or transaction
+    /// (PgBouncer pool_mode = transaction). With transaction the relays send unnamed statements
+    /// inside transactions, and sessionUrlSecretRef is required for what needs a session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_mode: Option<PoolMode>,
+    /// Secret key holding a URL with a session of its own (the server directly, or a session
+    /// pool), used under poolMode transaction for per-key ordering, LISTEN wake-ups and the
+    /// operator's own migration and measurements (they take session advisory locks). The
+    /// password and TLS settings above apply to it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_url_secret_ref: Option<SecretKeyRef>,
     /// TLS to the database. Absent: the URL's own sslmode (libpq's default, prefer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<DatabaseTlsSpec>,
@@ -295,6 +308,7 @@ pub const ADDRESS_MAX: usize = 1024;
 // The relay's own types: one definition of each mode, whatever reads it (flag, YAML, CRD).
 pub use outbox_relay::broker::BrokerProtocol;
 pub use outbox_relay::config::LogFormat;
+pub use outbox_relay::database::PoolMode;
 use outbox_relay::defaults::AMQP_SHORT_STRING_MAX;
 pub use outbox_relay::table::outbox::DeliveryMode;
 

@@ -160,6 +160,10 @@ pub fn build_deployment(
                 },
             ]
             .into_iter()
+            .chain(
+                (relay.spec.database.session_url_secret_ref.as_ref())
+                    .map(|reference| secret_env("SESSION_DATABASE_URL", reference)),
+            )
             .chain(files.env.iter().cloned())
             .collect(),
         ),
@@ -258,6 +262,7 @@ fn relay_args(relay: &OutboxRelay, plan: &RelayPlan, files: &ConnectionFiles) ->
             ordering: (plan.table.ordering == DeliveryOrder::PerKey).then_some(plan.table.ordering),
             relay_name: Some(report_name(relay)),
             database_password_file: files.database_password_file.clone(),
+            database_pool_mode: relay.spec.database.pool_mode,
             ..Default::default()
         },
         broker_password_file: files.broker_password_file.clone(),

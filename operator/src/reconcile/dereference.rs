@@ -55,6 +55,12 @@ pub fn referenced_secret_names(spec: &OutboxRelaySpec) -> Vec<&str> {
         spec.database.url_secret_ref.name.as_str(),
         spec.broker.url_secret_ref.name.as_str(),
     ];
+    names.extend(
+        spec.database
+            .session_url_secret_ref
+            .as_ref()
+            .map(|r| r.name.as_str()),
+    );
     for password in [
         &spec.database.password_secret_ref,
         &spec.broker.password_secret_ref,
@@ -134,7 +140,20 @@ pub async fn dereference_secrets(
 
     let database_url = url_from(&fetched, &spec.database.url_secret_ref, UrlKind::Postgres)?;
     let amqp_url = url_from(&fetched, &spec.broker.url_secret_ref, UrlKind::Amqp)?;
-    let mut database = DatabaseTarget::from_url(database_url.clone());
+    // The operator's migration and measurements take session advisory locks: behind a
+    // transaction pool they go to the session URL (validation requires it there).
+    let session_url = match &spec.database.session_url_secret_ref {
+        Some(reference) => {
+            let url = url_from(&fetched, reference, UrlKind::Postgres)?;
+            if spec.database.tls.is_some() {
+                refuse_url_tls_parameters(&url, reference)?;
+            }
+            Some(url)
+        }
+        None => None,
+    };
+    let mut database =
+        DatabaseTarget::from_url(session_url.unwrap_or_else(|| database_url.clone()));
     if let Some(reference) = &spec.database.password_secret_ref {
         let password = text_of(&fetched, &reference.name, &reference.key)?;
         let first_line = password

@@ -12,7 +12,8 @@ use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::table::{Columns, OutboxTable};
 
 use crate::crd::{
-    BrokerProtocol, OutboxRelaySpec, PostgresTlsMode, RelayOrdering, ScalingRules, ScalingSpec,
+    BrokerProtocol, OutboxRelaySpec, PoolMode, PostgresTlsMode, RelayOrdering, ScalingRules,
+    ScalingSpec,
 };
 
 /// One problem with the spec.
@@ -165,6 +166,7 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
     }
     check_protocol(&mut check, spec);
     check_tls(&mut check, spec);
+    check_pool_mode(&mut check, spec);
     match (spec.relay.ordering, &db.columns.partition_key) {
         (RelayOrdering::PerKey, None) => check.fail(
             "spec.relay.ordering",
@@ -263,6 +265,24 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
 
 /// The broker options that belong to the other protocol, refused as the relay would refuse
 /// them (the CRD's rules say the same at `kubectl apply`).
+/// The schema's rules on the pool mode, for objects that reached the operator without them.
+fn check_pool_mode(check: &mut Checker, spec: &OutboxRelaySpec) {
+    let transaction = spec.database.pool_mode == Some(PoolMode::Transaction);
+    match (transaction, &spec.database.session_url_secret_ref) {
+        (true, None) => check.fail(
+            "spec.database.sessionUrlSecretRef",
+            "poolMode transaction needs a URL with a session of its own (the server, or a \
+             session pool): the migration, per-key ordering and LISTEN take session advisory \
+             locks or listen",
+        ),
+        (false, Some(_)) => check.fail(
+            "spec.database.sessionUrlSecretRef",
+            "is only used with poolMode transaction: set it, or remove the session URL",
+        ),
+        _ => {}
+    }
+}
+
 /// The schema's rules on the TLS blocks, for objects that reached the operator without them.
 fn check_tls(check: &mut Checker, spec: &OutboxRelaySpec) {
     let database_ca = spec.database.tls.as_ref().and_then(|t| t.ca.as_ref());
@@ -524,6 +544,20 @@ mod tests {
         assert_eq!(plan.poll_interval, Duration::from_millis(200));
         assert!(plan.scaling.is_none());
         assert!(!plan.migration.covering_index);
+    }
+
+    #[test]
+    fn a_transaction_pool_needs_a_session_url_and_only_it_takes_one() {
+        let mut spec = sample_spec();
+        spec.database.pool_mode = Some(PoolMode::Transaction);
+        assert!(messages(&spec)[0].starts_with("spec.database.sessionUrlSecretRef: poolMode"));
+        spec.database.session_url_secret_ref = Some(crate::crd::SecretKeyRef {
+            name: "orders-db-direct".into(),
+            key: "url".into(),
+        });
+        assert!(validate(&spec).is_ok());
+        spec.database.pool_mode = None;
+        assert!(messages(&spec)[0].contains("only used with poolMode transaction"));
     }
 
     #[test]

@@ -20,6 +20,7 @@
     clap::ValueEnum,
     serde::Deserialize,
     serde::Serialize,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum PoolMode {

@@ -426,6 +426,24 @@ fn connection_files_are_mounted_whole_read_only_and_named_by_flags_and_libpq_var
 }
 
 #[test]
+fn a_transaction_pool_gets_the_pool_mode_flag_and_the_session_url_from_its_secret() {
+    let mut spec = sample_spec();
+    spec.database.pool_mode = Some(crate::crd::PoolMode::Transaction);
+    spec.database.session_url_secret_ref = Some(crate::crd::SecretKeyRef {
+        name: "orders-db-direct".into(),
+        key: "url".into(),
+    });
+    let d = build(spec, 1);
+    assert_eq!(arg(&d, "database-pool-mode"), Some("transaction"));
+    assert_eq!(
+        env_from_secret(&d, "orders-db-direct"),
+        Some("SESSION_DATABASE_URL")
+    );
+    let plain = build(sample_spec(), 1);
+    assert_eq!(arg(&plain, "database-pool-mode"), None);
+}
+
+#[test]
 fn verify_full_without_a_ca_trusts_the_system_store_and_plain_specs_mount_nothing() {
     let mut spec = sample_spec();
     spec.database.tls = Some(DatabaseTlsSpec::default());

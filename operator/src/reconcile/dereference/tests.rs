@@ -258,6 +258,36 @@ async fn urls_that_contradict_the_tls_fields_are_refused_naming_the_parameter() 
     assert!(err.to_string().contains("amqps://"), "{err}");
 }
 
+#[tokio::test]
+async fn behind_a_transaction_pool_the_operator_connects_by_the_session_url() {
+    let mut spec = sample_spec();
+    spec.database.pool_mode = Some(crate::crd::PoolMode::Transaction);
+    spec.database.session_url_secret_ref = Some(SecretKeyRef {
+        name: "orders-db-direct".into(),
+        key: "url".into(),
+    });
+    let mut objects = base_objects("postgres://app@pgbouncer:6432/orders", "amqp://mq/%2f");
+    objects.insert(
+        "secrets/orders-db-direct".into(),
+        secret_of(
+            "orders-db-direct",
+            "3",
+            &[("url", "postgres://app@db:5432/orders")],
+        ),
+    );
+    let found = dereference(&spec, objects).await.unwrap();
+    assert_eq!(
+        found.database.url().expose(),
+        "postgres://app@db:5432/orders"
+    );
+    // The session URL is an env value of the pods: a change rolls them.
+    assert!(
+        found.fingerprint().contains("orders-db-direct=3"),
+        "{}",
+        found.fingerprint()
+    );
+}
+
 #[test]
 fn the_watches_know_every_referenced_object() {
     let spec = secure_spec();
