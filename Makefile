@@ -33,7 +33,8 @@ release:
 services:
 	./scripts/services.sh
 
-## image-tools: buildah, umoci and runc from Debian's packages, when missing.
+## image-tools: buildah, umoci, runc, containerd, the CNI plugins and iptables from Debian's
+## packages, when missing (the image, and the tests' Kubernetes node).
 image-tools:
 	./scripts/image-tools.sh
 

@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# Installs the daemonless image tools the tests and `make image` use, when missing: buildah
-# (builds the image), umoci (unpacks it into a runtime bundle) and runc (runs it). Debian's own
-# packages; nothing runs in the background.
+# Installs the container tools the tests, `make image` and `make cluster` use, when missing, from
+# Debian's own packages (nothing runs in the background):
+#   buildah, umoci, runc          build the image, unpack it, run it
+#   containerd (and its ctr)      the tests' Kubernetes node's container runtime
+#   containernetworking-plugins   its pod network (bridge, host-local, loopback in /usr/lib/cni)
+#   iptables                      kube-proxy's Service rules and the bridge's masquerade
 set -euo pipefail
 
 missing=()
-for tool in buildah umoci runc; do
-    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing+=("$tool")
-done
+need() { # need PACKAGE PATH-OR-COMMAND
+    command -v "$2" >/dev/null 2>&1 || [ -x "/usr/sbin/$2" ] || [ -x "$2" ] || missing+=("$1")
+}
+need buildah buildah
+need umoci umoci
+need runc runc
+need containerd containerd
+need containernetworking-plugins /usr/lib/cni/bridge
+need iptables iptables
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 SUDO=""

@@ -28,6 +28,26 @@ artemis_pidfile="$artemis_instance/data/artemis.pid"
 artemis_ca="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/artemis/tls-ca.pem"
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
+# Where pods and the tests' Kubernetes node reach these servers (tests/src/services.rs): a second
+# address of this host, on an interface of its own. The nodes' pods come from 10.213.N.2 (each
+# node masquerades its pods to its own address). A bridge without ports holds the address: these
+# VMs' kernels have no dummy interfaces. Nothing routes it off the machine.
+SERVICES_ADDRESS=10.213.0.1
+SERVICES_INTERFACE=outbox-services
+NODES_NETWORK=10.213.0.0/16
+
+setup_services_address() {
+  ip -4 -o addr show dev "$SERVICES_INTERFACE" 2>/dev/null | grep -q "inet $SERVICES_ADDRESS/" && return 0
+  if ! as_root true 2>/dev/null; then
+    echo "the host needs address $SERVICES_ADDRESS on an interface $SERVICES_INTERFACE, which needs root: run this script as root once" >&2
+    exit 1
+  fi
+  echo "giving the host $SERVICES_ADDRESS on $SERVICES_INTERFACE, where pods reach the servers"
+  ip link show "$SERVICES_INTERFACE" >/dev/null 2>&1 || as_root ip link add "$SERVICES_INTERFACE" type bridge
+  as_root ip addr add "$SERVICES_ADDRESS/32" dev "$SERVICES_INTERFACE"
+  as_root ip link set "$SERVICES_INTERFACE" up
+}
+
 pg_up() { pg_isready -q -h "$PGHOST" -p 5432 2>/dev/null; }
 rabbit_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }
 # amqp10_up HOST PORT: the server answers the AMQP 1.0 SASL protocol header (AMQP 3 1 0 0) with an
@@ -91,6 +111,35 @@ configure_postgres() {
     fi
     psql -h "$PGHOST" -U postgres -Atqc "select 1 from pg_database where datname = 'test'" | grep -q 1 \
       || psql -h "$PGHOST" -U postgres -qc 'create database test'
+  fi
+}
+
+# Pods reach the main cluster on the services address, trusted as local connections are, but
+# for the TLS-only roles, which pods cannot use without TLS either. (Passwords and certificates
+# from pods are not set up yet: the TLS rules above name loopback only.)
+configure_postgres_for_pods() {
+  local conf_dir hba listen="localhost,$SERVICES_ADDRESS"
+  conf_dir=$(dirname "$(pg_admin -c 'show config_file')")
+  hba=$(pg_admin -c 'show hba_file')
+  if ! as_root grep -q "outbox-relay pods trust" "$hba"; then
+    echo "PostgreSQL: trusting the tests' pods from $NODES_NETWORK"
+    local rules="hostnossl all +outbox_tls_only $NODES_NETWORK reject # outbox-relay pods trust
+host all all $NODES_NETWORK trust # outbox-relay pods trust"
+    if as_root grep -q "::1/128 trust # outbox-relay local trust$" "$hba"; then
+      as_root sed -i "/::1\/128 trust # outbox-relay local trust\$/r /dev/stdin" "$hba" <<<"$rules"
+    else
+      as_root tee -a "$hba" >/dev/null <<<"$rules"
+    fi
+    pg_admin -c 'select pg_reload_conf()' >/dev/null
+  fi
+  if [ "$(pg_admin -c 'show listen_addresses')" != "$listen" ]; then
+    echo "PostgreSQL: listening on $SERVICES_ADDRESS too (a restart)"
+    echo "listen_addresses = '$listen'" | as_root tee "$conf_dir/conf.d/outbox-relay-listen.conf" >/dev/null
+    local version
+    version=$(pg_admin -c 'show server_version_num'); version=${version:0:2}
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main restart || as_root pg_ctlcluster "$version" main restart
+    for _ in $(seq 1 30); do pg_up && return 0; sleep 1; done
+    echo "PostgreSQL did not come back after the restart" >&2; exit 1
   fi
 }
 
@@ -331,15 +380,22 @@ rabbit_tls_up() { (exec 3<>/dev/tcp/127.0.0.1/5671) 2>/dev/null; }
 # user name) through rabbitmq_auth_mechanism_ssl, for the user outbox_cert.
 configure_rabbitmq_tls() {
   local dir=/etc/rabbitmq/outbox-relay-tls conf=/etc/rabbitmq/rabbitmq.conf
-  if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ] || ! as_root grep -q "outbox-relay tls" "$conf" 2>/dev/null; then
-    echo "RabbitMQ: AMQPS on 5671 with the test CA, certificate login (EXTERNAL)"
+  if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ] || ! as_root grep -q "outbox-relay tls" "$conf" 2>/dev/null \
+    || ! as_root grep -q "listeners.tcp.pods = $SERVICES_ADDRESS:5672" "$conf" 2>/dev/null; then
+    echo "RabbitMQ: AMQPS on 5671 with the test CA, certificate login (EXTERNAL), the pods' listeners"
     as_root mkdir -p "$dir"
     as_root cp "$tls_dir/server.pem" "$tls_dir/server.key" "$tls_dir/ca.pem" "$dir/"
     as_root chown -R rabbitmq:rabbitmq "$dir" 2>/dev/null || true
     as_root chmod 640 "$dir/server.key"
     printf '%s\n' "# outbox-relay tls (scripts/services.sh)" \
-      "listeners.tcp.default = 5672" \
-      "listeners.ssl.default = 5671" \
+      "listeners.tcp.loopback = 127.0.0.1:5672" \
+      "listeners.tcp.loopback_v6 = ::1:5672" \
+      "listeners.tcp.pods = $SERVICES_ADDRESS:5672" \
+      "listeners.ssl.loopback = 127.0.0.1:5671" \
+      "listeners.ssl.loopback_v6 = ::1:5671" \
+      "listeners.ssl.pods = $SERVICES_ADDRESS:5671" \
+      "# guest may log in from the pods: the listeners are this machine's addresses only" \
+      "loopback_users = none" \
       "ssl_options.cacertfile = $dir/ca.pem" \
       "ssl_options.certfile = $dir/server.pem" \
       "ssl_options.keyfile = $dir/server.key" \
@@ -590,10 +646,12 @@ if [ -z "${OUTBOX_SERVICES_LOCKED:-}" ]; then
 fi
 
 if ! pg_up || ! rabbit_up || ! artemis_up || ! artemis_current || ! pgbouncer_up; then install_missing; fi
+setup_services_address
 start_postgres
 configure_postgres
 setup_tls
 configure_postgres_tls
+configure_postgres_for_pods
 start_plain_postgres
 setup_expired_cert
 start_expired_postgres
@@ -609,4 +667,5 @@ echo "services: PostgreSQL on $PGHOST:5432 (TLS with CA $tls_dir/ca.pem; TLS-onl
   "PgBouncer on 127.0.0.1:$PGBOUNCER_PORT (databases session and transaction), RabbitMQ on 127.0.0.1:5672 (AMQP 0-9-1 and 1.0)" \
   "and 5671 (AMQPS; certificate login for outbox_cert)," \
   "ActiveMQ Artemis $ARTEMIS_VERSION on 127.0.0.1:$ARTEMIS_PORT (AMQP 1.0; on :$ARTEMIS_MODIFIED_PORT a full address answers modified;" \
-  "on :$ARTEMIS_TLS_PORT TLS, CA $artemis_ca) are up"
+  "on :$ARTEMIS_TLS_PORT TLS, CA $artemis_ca) are up;" \
+  "pods reach PostgreSQL and RabbitMQ on $SERVICES_ADDRESS"

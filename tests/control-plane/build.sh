@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager and kubectl from this module into a cache
-# outside the clone, keyed by everything that decides the binaries (go.mod, go.sum, our own Go
-# sources, the Go version). Prints the bin directory. A second run with the same inputs prints
-# it at once; Go's module and build caches (under $HOME) make a rebuild after a small change
-# cost seconds rather than the ~10 minutes of a first build on 2 cores.
+# Builds etcd, the Kubernetes control plane (kube-apiserver, kube-controller-manager,
+# kube-scheduler), the node's kubelet and kube-proxy, and kubectl from this module, in one
+# `go build` that compiles the packages they share once, into a cache outside the clone keyed by
+# everything that decides the binaries (go.mod, go.sum, our own Go sources, the Go version).
+# Prints the bin directory. A second run with the same inputs prints it at once; Go's module and
+# build caches (under $HOME) make a rebuild after a small change cost seconds rather than the
+# minutes of a first build.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here"
@@ -24,8 +26,12 @@ kube_version=$(sed -n 's#^\tk8s.io/kubernetes \(v[0-9.]*\).*#\1#p' go.mod | head
 key=$( { cat go.mod go.sum build.sh; find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION; } | sha256sum | cut -c1-16)
 cache=${OUTBOX_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/control-plane}
 out="$cache/$kube_version-$key"
-if [ -x "$out/bin/kube-apiserver" ] && [ -x "$out/bin/kube-controller-manager" ] \
-  && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kubectl" ]; then
+commands=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+built() {
+  local command
+  for command in "${commands[@]}"; do [ -x "$out/bin/$command" ] || return 1; done
+}
+if built; then
   echo "$out/bin"
   exit 0
 fi
@@ -45,6 +51,9 @@ CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "-s -w${stamp}" -o "$o
   ./cmd/etcd \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kube-proxy \
   k8s.io/kubernetes/cmd/kubectl
 rm -rf "$out"
 mv "$out.tmp" "$out"

@@ -105,7 +105,22 @@ impl Image {
         let (dir, _tag) = self.layout.rsplit_once(':').unwrap();
         PathBuf::from(dir)
     }
+
+    /// The image's tag: the workspace's version.
+    pub fn tag(&self) -> &str {
+        self.layout.rsplit_once(':').unwrap().1
+    }
+
+    /// The OCI archive scripts/image.sh writes beside the layout (what `ctr images import`
+    /// and `podman load` read).
+    pub fn archive(&self) -> PathBuf {
+        let out = self.layout_dir().parent().unwrap().to_path_buf();
+        out.join(format!("outbox-relay-{}.oci.tar", self.tag()))
+    }
 }
+
+/// scripts/image.sh's default reference, less the tag; the chart's `image.repository`.
+pub const IMAGE_REPOSITORY: &str = "ghcr.io/outbox-relay/outbox-relay";
 
 /// What the image is built from: the two binaries (size and modification time) and the
 /// files that shape the image.
@@ -148,12 +163,12 @@ fn run_image_script(out: &Path) -> String {
 }
 
 /// An exclusive flock(2) on a file, released when dropped.
-struct FileLock {
+pub struct FileLock {
     _held: File,
 }
 
 impl FileLock {
-    fn take(path: &Path) -> FileLock {
+    pub fn take(path: &Path) -> FileLock {
         let file = File::create(path).unwrap();
         // SAFETY: flock on a descriptor this struct owns for its whole life.
         let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };

@@ -1,5 +1,5 @@
-//! Kubeconfig files for the control plane: the admin's (client certificate) and a
-//! ServiceAccount's (bearer token), both trusting the control plane's CA.
+//! Kubeconfig files for the control plane: the admin's and the node components' (client
+//! certificates) and a ServiceAccount's (bearer token), all trusting the control plane's CA.
 
 use std::path::Path;
 
@@ -8,10 +8,18 @@ use serde_json::json;
 use super::certs::CertFiles;
 
 pub fn write_certificate(path: &Path, server: &str, certs: &CertFiles) -> anyhow::Result<()> {
-    let user = json!({
-        "client-certificate": certs.admin_cert,
-        "client-key": certs.admin_key,
-    });
+    write_client_certificate(path, server, certs, &certs.admin_cert, &certs.admin_key)
+}
+
+/// A kubeconfig that logs in with the client certificate `cert` (and its `key`).
+pub fn write_client_certificate(
+    path: &Path,
+    server: &str,
+    certs: &CertFiles,
+    cert: &Path,
+    key: &Path,
+) -> anyhow::Result<()> {
+    let user = json!({ "client-certificate": cert, "client-key": key });
     write(path, server, certs, user, "default")
 }
 

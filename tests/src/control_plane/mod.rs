@@ -23,17 +23,21 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use kube::Client;
 
-pub use certs::CertFiles;
+pub use certs::{CertFiles, Usage};
+
+use crate::services::SERVICES_ADDRESS;
 
 /// How long etcd and the API server may take to come up on a loaded 2-core machine.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The controllers a test cluster needs: Deployments make ReplicaSets make Pods; the garbage
 /// collector follows owner references; namespaces can be deleted; ServiceAccounts and their
-/// CA bundle appear in every namespace. The node lifecycle controller is left out: the test
-/// node agent does not send heartbeats, and nothing should evict its pods.
+/// CA bundle appear in every namespace. The node lifecycle controller removes the `not-ready`
+/// taint a kubelet registers its node with, once the node is Ready (see `--node-monitor-grace-
+/// period` below for the node agent's nodes). Taint-based eviction is left out.
 const CONTROLLERS: &[&str] = &[
     "deployment-controller",
+    "node-lifecycle-controller",
     "replicaset-controller",
     "garbage-collector-controller",
     "namespace-controller",
@@ -115,8 +119,12 @@ impl ControlPlane {
         let certs = certs::write(&dir)?;
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
-        let api_port = free_port()?;
-        let server = format!("https://127.0.0.1:{api_port}");
+        // On the services address, where the node and its pods reach it too.
+        crate::services::check_address()?;
+        let api_port = TcpListener::bind((SERVICES_ADDRESS, 0))?
+            .local_addr()?
+            .port();
+        let server = format!("https://{SERVICES_ADDRESS}:{api_port}");
         let kubeconfig = dir.join("admin.kubeconfig");
         kubeconfig::write_certificate(&kubeconfig, &server, &certs)?;
         let audit_policy = dir.join("audit-policy.yaml");
@@ -124,7 +132,7 @@ impl ControlPlane {
         let audit_log = dir.join("audit.log");
         install_failure_logs(&dir);
 
-        let mut plane = ControlPlane {
+        let plane = ControlPlane {
             dir: dir.clone(),
             bin,
             server,
@@ -158,18 +166,34 @@ impl ControlPlane {
         let api_args = vec![
             format!("--etcd-servers={etcd_url}"),
             format!("--secure-port={api_port}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            // The endpoint reconciler refuses a loopback address, and nothing here routes
-            // the kubernetes Service anyway.
-            "--endpoint-reconciler-type=none".into(),
+            format!("--bind-address={SERVICES_ADDRESS}"),
+            // The `kubernetes` Service's endpoint: pods reach the API server through its
+            // ClusterIP, which kube-proxy on the node forwards here.
+            format!("--advertise-address={SERVICES_ADDRESS}"),
             format!("--cert-dir={}", dir.display()),
             format!("--tls-cert-file={}", certs.serving_cert.display()),
             format!("--tls-private-key-file={}", certs.serving_key.display()),
             format!("--client-ca-file={}", certs.ca_cert.display()),
             "--service-cluster-ip-range=10.0.0.0/24".into(),
             "--allow-privileged=true".into(),
-            "--authorization-mode=RBAC".into(),
+            // As kubeadm sets it up: kubelets are authorized by the Node authorizer and may
+            // only write their own Node and their pods' status (NodeRestriction).
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            format!(
+                "--kubelet-client-certificate={}",
+                certs.kubelet_client_cert.display()
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                certs.kubelet_client_key.display()
+            ),
+            format!(
+                "--kubelet-certificate-authority={}",
+                certs.ca_cert.display()
+            ),
+            // The node's name resolves nowhere; its address is what reaches it.
+            "--kubelet-preferred-address-types=InternalIP".into(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!(
                 "--service-account-key-file={}",
@@ -201,6 +225,9 @@ impl ControlPlane {
             "--leader-elect=false".into(),
             // No serving port: nothing scrapes it, and tests run in parallel.
             "--secure-port=0".into(),
+            // The node agent's nodes send no heartbeats: never take them (and their pods'
+            // readiness) for lost. A real node's kubelet renews its lease anyway.
+            "--node-monitor-grace-period=8760h".into(),
             // Controllers react at test speed.
             "--concurrent-deployment-syncs=10".into(),
             "--concurrent-replicaset-syncs=10".into(),
@@ -211,7 +238,45 @@ impl ControlPlane {
         Ok(plane)
     }
 
-    fn launch(&mut self, name: &'static str, args: &[&str]) -> anyhow::Result<()> {
+    /// kube-scheduler, which places pods on the nodes that kubelets register. Started with the
+    /// first real node (see `crate::node`): the node agent binds its pods itself.
+    pub fn start_scheduler(&self) -> anyhow::Result<()> {
+        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.display());
+        self.launch(
+            "kube-scheduler",
+            &[
+                &kubeconfig,
+                "--leader-elect=false",
+                // No serving port: nothing scrapes it, and tests run in parallel.
+                "--secure-port=0",
+            ],
+        )
+    }
+
+    /// A certificate of the control plane's CA (see [`certs::issue`]), in its directory.
+    pub fn issue_certificate(
+        &self,
+        stem: &str,
+        usage: certs::Usage<'_>,
+    ) -> anyhow::Result<(PathBuf, PathBuf)> {
+        certs::issue(&self.certs, &self.dir, stem, usage)
+    }
+
+    /// A kubeconfig `<stem>.kubeconfig` that logs in with a client certificate of `user` in
+    /// `group`, issued for it.
+    pub fn certificate_kubeconfig(
+        &self,
+        stem: &str,
+        user: &str,
+        group: Option<&str>,
+    ) -> anyhow::Result<PathBuf> {
+        let (cert, key) = self.issue_certificate(stem, certs::Usage::Client { user, group })?;
+        let path = self.dir.join(format!("{stem}.kubeconfig"));
+        kubeconfig::write_client_certificate(&path, &self.server, &self.certs, &cert, &key)?;
+        Ok(path)
+    }
+
+    fn launch(&self, name: &'static str, args: &[&str]) -> anyhow::Result<()> {
         let log = self.dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log)?;
         let mut command = Command::new(self.bin.join(name));
@@ -223,7 +288,7 @@ impl ControlPlane {
         let child = spawn::spawn_for_process_lifetime(command)
             .with_context(|| format!("start {name} from {}", self.bin.display()))?;
         self.components
-            .get_mut()
+            .lock()
             .expect("not poisoned")
             .push(Component { name, child, log });
         Ok(())
@@ -461,7 +526,8 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn tail_file(path: &Path, lines: usize) -> String {
+/// The last `lines` lines of the file at `path` (empty when it cannot be read).
+pub fn tail_file(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     let start = all.len().saturating_sub(lines);
