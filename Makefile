@@ -118,7 +118,7 @@ CLUSTER_BIN ?=
 
 ## cluster: a local control plane with the operator installed, in the background; prints
 ## KUBECONFIG=… and where kubectl and helm are. cluster-down stops it.
-cluster: control-plane services $(if $(CLUSTER_BIN),,cluster-release)
+cluster: control-plane services image-tools $(if $(CLUSTER_BIN),,cluster-release)
 	@CLUSTER_DIR='$(CLUSTER_DIR)' CLUSTER_BIN='$(or $(CLUSTER_BIN),$(BIN_DIR)/outbox-cluster)' \
 		./scripts/cluster.sh up
 

@@ -19,7 +19,7 @@ ARTEMIS_MODIFIED_PORT=5674 # the same broker, answering a full address with modi
 ARTEMIS_TLS_PORT=5675      # the same broker, AMQP 1.0 inside TLS (amqps://), with a CA of our own
 ARTEMIS_CORE_PORT=61616
 # Bumped when create_artemis changes, so that an instance made by an older script is made again.
-ARTEMIS_INSTANCE_VERSION=3
+ARTEMIS_INSTANCE_VERSION=4
 artemis_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/artemis/$ARTEMIS_VERSION"
 artemis_home="$artemis_dir/apache-artemis-$ARTEMIS_VERSION"
 artemis_instance="$artemis_dir/instance"
@@ -115,8 +115,8 @@ configure_postgres() {
 }
 
 # Pods reach the main cluster on the services address, trusted as local connections are, but
-# for the TLS-only roles, which pods cannot use without TLS either. (Passwords and certificates
-# from pods are not set up yet: the TLS rules above name loopback only.)
+# for the TLS-only roles, which pods reach over TLS as local clients do (configure_postgres_tls's
+# rules name the nodes' network too, and come first).
 configure_postgres_for_pods() {
   local conf_dir hba listen="localhost,$SERVICES_ADDRESS"
   conf_dir=$(dirname "$(pg_admin -c 'show config_file')")
@@ -144,10 +144,11 @@ host all all $NODES_NETWORK trust # outbox-relay pods trust"
 }
 
 # TLS and real authentication, set up the way managed services are (beside the trust roles most
-# tests use): a test CA under $tls_dir signs the servers' certificates (IP 127.0.0.1 only, so
-# `localhost` is a wrong host name) and a client certificate for the certificate-login role.
-# Bumped when setup_tls or configure_postgres_tls changes, so both are made again.
-TLS_VERSION=1
+# tests use): a test CA under $tls_dir signs the servers' certificates (IP 127.0.0.1 and the
+# services address the pods use, so `localhost` is a wrong host name) and a client certificate
+# for the certificate-login role. Bumped when setup_tls, configure_postgres_tls,
+# configure_rabbitmq_tls or start_pgbouncer changes, so they are all made again.
+TLS_VERSION=2
 tls_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/tls"
 PG_TLS_ONLY_PASSWORD='p@ss:w/rd %?&#tls'  # every character a URL must percent-encode
 PG_MD5_PASSWORD='md5-Pw/with:colon'
@@ -167,7 +168,8 @@ setup_tls() {
         -keyout "$d/other-ca.key" -out "$d/other-ca.pem" &&
       openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout "$d/server.key" -out "$d/server.csr" &&
       openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
-        -extfile <(printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n') -out "$d/server.pem" &&
+        -extfile <(printf 'subjectAltName=IP:127.0.0.1,IP:%s\nextendedKeyUsage=serverAuth\n' "$SERVICES_ADDRESS") \
+        -out "$d/server.pem" &&
       # The client certificate of the certificate-login role: its CN is the role's name.
       openssl req -newkey rsa:2048 -nodes -subj /CN=outbox_cert -keyout "$d/client.key" -out "$d/client.csr" &&
       openssl x509 -req -in "$d/client.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 3650 \
@@ -234,7 +236,7 @@ configure_postgres_tls() {
     # Before the trust lines: members of outbox_tls_only are refused without TLS; over TLS the
     # certificate role logs in by certificate, outbox_md5 with md5, the others with SCRAM.
     local rules="" net
-    for net in 127.0.0.1/32 ::1/128; do
+    for net in 127.0.0.1/32 ::1/128 "$NODES_NETWORK"; do
       rules+="hostnossl all +outbox_tls_only $net reject # outbox-relay tls\n"
       rules+="hostssl all outbox_cert $net cert # outbox-relay tls\n"
       rules+="hostssl all outbox_md5 $net md5 # outbox-relay tls\n"
@@ -333,13 +335,13 @@ start_pgbouncer() {
   local dir=/var/lib/postgresql/outbox-relay-pgbouncer bin
   bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
   if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ]; then
-    echo "PgBouncer: session and transaction pools on 127.0.0.1:$PGBOUNCER_PORT, TLS to PostgreSQL"
+    echo "PgBouncer: session and transaction pools on 127.0.0.1 and $SERVICES_ADDRESS:$PGBOUNCER_PORT, TLS to PostgreSQL"
     as_root mkdir -p "$dir"
     as_root cp "$tls_dir/ca.pem" "$dir/ca.pem"
     printf '%s\n' '[databases]' \
       "session = host=127.0.0.1 port=5432 dbname=test pool_mode=session" \
       "transaction = host=127.0.0.1 port=5432 dbname=test pool_mode=transaction" \
-      '[pgbouncer]' "listen_addr = 127.0.0.1" "listen_port = $PGBOUNCER_PORT" "unix_socket_dir =" \
+      '[pgbouncer]' "listen_addr = 127.0.0.1,$SERVICES_ADDRESS" "listen_port = $PGBOUNCER_PORT" "unix_socket_dir =" \
       "auth_type = scram-sha-256" "auth_file = $dir/userlist.txt" "pool_mode = session" \
       "max_client_conn = 400" "default_pool_size = 40" \
       "ignore_startup_parameters = extra_float_digits" \
@@ -517,6 +519,8 @@ create_artemis() {
     tail -n 20 "$artemis_dir/tls.log" >&2
     echo "could not make the TLS certificates (log: $artemis_dir/tls.log)" >&2; exit 1
   fi
+  # The pods of the tests' nodes reach plain AMQP 1.0 on the services address, same port.
+  sed -i "/<acceptor name=\"amqp\">/{p;s|name=\"amqp\">tcp://127.0.0.1:$ARTEMIS_PORT?|name=\"amqp-pods\">tcp://$SERVICES_ADDRESS:$ARTEMIS_PORT?|}" "$xml"
   sed -i "/<acceptor name=\"amqp\">/{p;s|name=\"amqp\">tcp://127.0.0.1:$ARTEMIS_PORT?|name=\"amqps\">tcp://127.0.0.1:$ARTEMIS_TLS_PORT?sslEnabled=true;keyStorePath=$tls/server.p12;keyStorePassword=outbox-tls;keyStoreType=PKCS12;|}" "$xml"
   # A second user whose password has the characters of a Service Bus key (base64: / + =),
   # which a URL must percent-encode: the relay has to decode them for SASL PLAIN.
@@ -529,6 +533,7 @@ create_artemis() {
   # artemis create writes -Xms512M whatever --java-memory says: a heap may not start above its max.
   sed -i 's|-Xms512M|-Xms64M|' "$artemis_instance/etc/artemis.profile"
   if ! grep -q "127.0.0.1:$ARTEMIS_PORT?" "$xml" || ! grep -q "127.0.0.1:$ARTEMIS_MODIFIED_PORT?" "$xml" \
+    || ! grep -q "\"amqp-pods\">tcp://$SERVICES_ADDRESS:$ARTEMIS_PORT?" "$xml" \
     || ! grep -q "127.0.0.1:$ARTEMIS_TLS_PORT?sslEnabled=true" "$xml" \
     || ! grep -q 'outbox-full.#' "$xml" || ! grep -q credentialsInvalidate "$artemis_instance/etc/login.config" \
     || ! grep -q '^amq = outbox,sas-policy$' "$artemis_instance/etc/artemis-roles.properties" \
@@ -668,4 +673,4 @@ echo "services: PostgreSQL on $PGHOST:5432 (TLS with CA $tls_dir/ca.pem; TLS-onl
   "and 5671 (AMQPS; certificate login for outbox_cert)," \
   "ActiveMQ Artemis $ARTEMIS_VERSION on 127.0.0.1:$ARTEMIS_PORT (AMQP 1.0; on :$ARTEMIS_MODIFIED_PORT a full address answers modified;" \
   "on :$ARTEMIS_TLS_PORT TLS, CA $artemis_ca) are up;" \
-  "pods reach PostgreSQL and RabbitMQ on $SERVICES_ADDRESS"
+  "pods reach PostgreSQL (TLS too), PgBouncer, RabbitMQ (AMQPS too) and Artemis (plain AMQP 1.0) on $SERVICES_ADDRESS"

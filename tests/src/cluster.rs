@@ -1,8 +1,9 @@
 //! A namespace of its own on the real control plane, set up as a user would: the operator chart
 //! `helm install`ed into it (namespaced mode, watching that namespace), the operator running as
 //! a process with a token of the chart's ServiceAccount (so the chart's RBAC decides every
-//! request it makes), a node agent running the relay pods as real `outbox-relay` processes, and
-//! the connection Secrets pointing at the local PostgreSQL and RabbitMQ.
+//! request it makes), the relay pods run by the real node (kubelet, containerd, the project's
+//! image; shared by the test binary's namespaces), and the connection Secrets pointing at the
+//! local PostgreSQL and RabbitMQ on the address pods reach them at.
 //!
 //! The chart's own operator Deployment is installed with zero replicas, so exactly one operator
 //! runs: the process started here.
@@ -10,10 +11,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client};
@@ -24,7 +25,9 @@ use tokio::process::{Child, Command};
 use crate::control_plane::spawn::die_with_parent_tokio;
 use crate::control_plane::{ControlPlane, client_from_kubeconfig, free_port};
 use crate::history::History;
-use crate::node_agent::{NodeAgent, NodeAgentConfig};
+use crate::node::Node;
+use crate::pods::{PodCountSample, PodWatch, container_id};
+use crate::services::url_for_pods;
 use crate::{helm, process, unique};
 
 /// Secrets holding the connection URLs, as a user would create them.
@@ -38,20 +41,28 @@ pub struct TestCluster {
     pub namespace: String,
     /// The admin's client, for what the test itself does.
     pub client: Client,
-    pub node: NodeAgent,
+    pub node: &'static Node,
+    /// The namespace's pods as the kubelet reports them.
+    pub pods: PodWatch,
     pub operator: OperatorProcess,
     histories: std::sync::Mutex<BTreeMap<String, History>>,
+    /// Zero on the clock of [`Self::versions_of`], [`Self::clock`] and the pod timeline.
+    origin: chrono::DateTime<chrono::Utc>,
+    started: Instant,
 }
 
 impl TestCluster {
-    /// A fresh namespace with the chart installed, the Secrets, the node agent and the
-    /// operator (retries and resyncs short, as a test needs).
-    pub async fn start(node: NodeAgentConfig) -> Self {
+    /// A fresh namespace with the chart installed, the Secrets, a watch on its pods and the
+    /// operator (retries and resyncs short, as a test needs), on the shared node.
+    pub async fn start() -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
         let plane = ControlPlane::shared();
+        let node = tokio::task::spawn_blocking(Node::shared)
+            .await
+            .expect("the node starts");
         let namespace = unique("e2e").replace('_', "-");
         plane
             .create_namespace(&namespace)
@@ -59,13 +70,9 @@ impl TestCluster {
         install_chart(plane, &namespace, &[]).expect("helm install the operator chart");
         let client = plane.admin_client().await.expect("an admin client");
         create_connection_secrets(&client, &namespace).await;
-        let node = NodeAgentConfig {
-            api_server: node.api_server.or_else(|| Some(plane.server.clone())),
-            ..node
-        };
-        let node = NodeAgent::start(client.clone(), &namespace, node)
-            .await
-            .expect("the node agent starts");
+        let origin = chrono::Utc::now();
+        let started = Instant::now();
+        let pods = PodWatch::start(Api::namespaced(client.clone(), &namespace), origin);
         let operator = OperatorProcess::start(plane, &namespace, &namespace, "operator", &[])
             .await
             .expect("the operator starts");
@@ -74,8 +81,11 @@ impl TestCluster {
             namespace,
             client,
             node,
+            pods,
             operator,
             histories: Default::default(),
+            origin,
+            started,
         }
     }
 
@@ -108,10 +118,44 @@ impl TestCluster {
             .or_insert_with(|| History::record(self.deployments(), name));
     }
 
+    /// Seconds since the cluster started: the clock of [`Self::versions_of`] and the pods'
+    /// timeline.
+    pub fn clock(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// The wall-clock time of the cluster's start: zero on [`Self::clock`].
+    pub fn origin(&self) -> chrono::DateTime<chrono::Utc> {
+        self.origin
+    }
+
+    /// Names of the relay's pods whose container runs.
+    pub fn running_pods(&self, relay: &str) -> Vec<String> {
+        self.pods.running(relay)
+    }
+
+    /// Pod-count changes of the namespace's relays so far, oldest first.
+    pub fn pod_timeline(&self) -> Vec<PodCountSample> {
+        self.pods.timeline()
+    }
+
+    /// Freezes the pod's relay process (SIGSTOP through the container runtime), as a relay
+    /// that hangs looks: alive, silent, its probes failing until the kubelet restarts it.
+    pub async fn freeze_pod(&self, pod: &str) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let pod_object = pods.get(pod).await.expect("the pod exists");
+        let container = container_id(&pod_object).expect("the pod's container has started");
+        let node = self.node;
+        tokio::task::spawn_blocking(move || node.signal_container(&container, "SIGSTOP"))
+            .await
+            .expect("the signal task")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
     /// Every version the API server stored of `kind/name` since [`Self::record`], with the
-    /// node agent's clock second it arrived.
+    /// second of [`Self::clock`] it arrived.
     pub fn versions_of(&self, kind: &str, name: &str) -> Vec<(f64, serde_json::Value)> {
-        let origin = self.node.origin();
+        let origin = self.origin;
         let histories = self.histories.lock().unwrap();
         histories
             .get(&format!("{kind}/{name}"))
@@ -132,7 +176,7 @@ impl TestCluster {
             .and_then(|d| d.spec.replicas)
     }
 
-    /// Every `spec.replicas` the relay's Deployment had, with the node-agent-clock second it
+    /// Every `spec.replicas` the relay's Deployment had, with the second of [`Self::clock`] it
     /// was written, consecutive repeats dropped: the exact scaling history.
     pub fn replicas_history(&self, name: &str) -> Vec<(f64, i32)> {
         let mut history: Vec<(f64, i32)> = Vec::new();
@@ -210,11 +254,11 @@ impl TestCluster {
         denials(self.plane, &self.namespace, OPERATOR_NAME)
     }
 
-    /// Stops the operator first (so it does not react), then the relays with SIGTERM, then
-    /// removes the namespace. Fails the test if the operator was ever denied a request.
+    /// Stops the operator first (so it does not react), then removes the namespace (the
+    /// kubelet stops its pods with SIGTERM). Fails the test if the operator was ever denied a
+    /// request.
     pub async fn shutdown(self) {
         self.operator.stop().await;
-        self.node.shutdown().await;
         let denied = denials(self.plane, &self.namespace, OPERATOR_NAME);
         let _ =
             self.plane
@@ -387,7 +431,8 @@ pub fn ready_condition(relay: &OutboxRelay) -> Option<(String, String, String)> 
     ))
 }
 
-/// The Secrets [`relay_spec`] refers to, holding the local PostgreSQL and RabbitMQ URLs.
+/// The Secrets [`relay_spec`] refers to, holding the local PostgreSQL and RabbitMQ URLs (as
+/// pods reach them, see [`create_url_secret`]).
 pub async fn create_connection_secrets(client: &Client, namespace: &str) {
     for (name, url) in [
         (DATABASE_SECRET, crate::database_url()),
@@ -397,8 +442,11 @@ pub async fn create_connection_secrets(client: &Client, namespace: &str) {
     }
 }
 
-/// A Secret `name` holding `url` under the key `url`, as a user would create it.
+/// A Secret `name` holding `url` under the key `url`, as a user would create it. A loopback
+/// host in `url` (how the tests on this host reach the servers) is written as the services
+/// address, where the relay pods reach the same servers, and so does the operator.
 pub async fn create_url_secret(client: &Client, namespace: &str, name: &str, url: &str) {
+    let url = url_for_pods(url).unwrap_or_else(|e| panic!("the URL of Secret {name}: {e:#}"));
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let secret = Secret {
         metadata: ObjectMeta {

@@ -1,4 +1,4 @@
-//! Records what an autoscaling run looks like from outside, on the node agent's clock: the lag
+//! Records what an autoscaling run looks like from outside, on the test cluster's clock: the lag
 //! reports as the relay pods write them, the pending rows and the OutboxRelay's status. (The
 //! Deployment's replicas need no sampling: the API server keeps every version.) Tests assert on
 //! the order of these events; the plot draws them.
@@ -19,7 +19,7 @@ use crate::timeline::BacklogSample;
 /// One measured backlog as a pod reported it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReportSample {
-    /// When the pod wrote it (database clock), in seconds on the node agent's clock.
+    /// When the pod wrote it (database clock), in seconds on the test cluster's clock.
     pub at: f64,
     pub backlog: i64,
 }

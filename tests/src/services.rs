@@ -25,3 +25,49 @@ pub fn check_address() -> anyhow::Result<()> {
         ),
     }
 }
+
+/// `url` as a pod reaches the same server: a loopback host (`127.0.0.1`, `::1`, `localhost`)
+/// becomes [`SERVICES_ADDRESS`]; user, password, port, database and parameters stay as they
+/// are (the URL is parsed, not edited as text). Any other host is left alone.
+pub fn url_for_pods(url: &str) -> anyhow::Result<String> {
+    let mut parsed = url::Url::parse(url).map_err(|e| anyhow::anyhow!("not a URL ({e})"))?;
+    if matches!(
+        parsed.host_str(),
+        Some("127.0.0.1" | "[::1]" | "::1" | "localhost")
+    ) {
+        parsed
+            .set_host(Some(&SERVICES_ADDRESS.to_string()))
+            .map_err(|e| anyhow::anyhow!("cannot set the host of the URL ({e})"))?;
+    }
+    Ok(parsed.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_become_the_services_address_and_the_rest_stays() {
+        let cases = [
+            (
+                "postgres://u:p%40ss@127.0.0.1:6432/transaction?sslmode=verify-full",
+                "postgres://u:p%40ss@10.213.0.1:6432/transaction?sslmode=verify-full",
+            ),
+            (
+                "amqps://outbox_cert@localhost:5671/%2f?auth_mechanism=external",
+                "amqps://outbox_cert@10.213.0.1:5671/%2f?auth_mechanism=external",
+            ),
+            (
+                "amqp://outbox:outbox@[::1]:5673",
+                "amqp://outbox:outbox@10.213.0.1:5673",
+            ),
+            (
+                "postgres://db.example.com/app",
+                "postgres://db.example.com/app",
+            ),
+        ];
+        for (url, expected) in cases {
+            assert_eq!(url_for_pods(url).unwrap(), expected, "{url}");
+        }
+    }
+}

@@ -5,9 +5,9 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::node_agent::PodCountSample;
+use crate::pods::PodCountSample;
 
-/// The backlog at one moment, on the node agent's clock.
+/// The backlog at one moment, on the test cluster's clock.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BacklogSample {
     pub at: f64,

@@ -1,5 +1,5 @@
 //! `broker.protocol: amqp10` on the real control plane: the chart's operator turns the
-//! OutboxRelay into relay pods (run by the node agent) that send over AMQP 1.0 to ActiveMQ
+//! OutboxRelay into relay pods (run by the real node) that send over AMQP 1.0 to ActiveMQ
 //! Artemis, and every row reaches an AMQP 1.0 consumer once. A second relay whose address
 //! Artemis refuses turns `Ready=False` with the pods' reason, `AddressNotFound`, naming it.
 
@@ -8,7 +8,6 @@ use std::time::Duration;
 use outbox_operator::crd::{BrokerProtocol, OutboxRelaySpec};
 use outbox_tests::amqp10::{self, ARTEMIS_REFUSED_PREFIX, ARTEMIS_URL};
 use outbox_tests::cluster::{TestCluster, create_url_secret, relay_spec};
-use outbox_tests::node_agent::NodeAgentConfig;
 use outbox_tests::{db, unique, wait};
 
 const ROWS: u64 = 3_000;
@@ -31,7 +30,7 @@ async fn an_amqp10_relay_delivers_through_the_operator_and_names_a_refused_addre
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 0).await;
     let consumer = amqp10::consume(ARTEMIS_URL, &name).await;
-    let cluster = TestCluster::start(NodeAgentConfig::default()).await;
+    let cluster = TestCluster::start().await;
     create_url_secret(
         &cluster.client,
         &cluster.namespace,

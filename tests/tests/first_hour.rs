@@ -1,17 +1,22 @@
 //! A user's first hour with the operator, typed as they would type it, on the real control
 //! plane: the chart installed with helm, then only `kubectl` (the control plane's own, 1.37)
 //! against a sample from `config/samples/` whose URLs point at the local PostgreSQL and
-//! RabbitMQ.
+//! RabbitMQ, on the address the real node's pods reach them at.
 
 use std::path::Path;
 use std::time::Duration;
 
 use lapin::ExchangeKind;
 use outbox_tests::cluster::{OPERATOR_NAME, TestCluster};
-use outbox_tests::node_agent::NodeAgentConfig;
+use outbox_tests::services::url_for_pods;
 use outbox_tests::{broker, db, process, unique};
 
-/// The orders sample, with its Secrets' URLs pointed at this machine's services and its table,
+fn for_pods(url: &str) -> String {
+    url_for_pods(url).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The orders sample, with its Secrets' URLs pointed at this machine's services (as pods reach
+/// them) and its table,
 /// exchange and Secret names made the test's own.
 fn orders_sample(table: &str, exchange: &str) -> String {
     let path =
@@ -21,9 +26,11 @@ fn orders_sample(table: &str, exchange: &str) -> String {
     for line in text.lines() {
         let line = match line.trim_start() {
             l if l.starts_with("url: postgres://") => {
-                format!("  url: {}", outbox_tests::database_url())
+                format!("  url: {}", for_pods(&outbox_tests::database_url()))
             }
-            l if l.starts_with("url: amqp://") => format!("  url: {}", outbox_tests::amqp_url()),
+            l if l.starts_with("url: amqp://") => {
+                format!("  url: {}", for_pods(&outbox_tests::amqp_url()))
+            }
             "table: outbox_messages" => format!("    table: {table}"),
             "exchange: outbox" => format!("    exchange: {exchange}"),
             _ => line.to_string(),
@@ -102,7 +109,7 @@ async fn a_users_first_hour_with_kubectl() {
     let table = db::table(&table_name);
     db::seeded_table(&table, 0).await;
     let consumer = broker::consume(&table_name, ExchangeKind::Fanout, "").await;
-    let cluster = TestCluster::start(NodeAgentConfig::default()).await;
+    let cluster = TestCluster::start().await;
     cluster.record("orders");
     let user = User { cluster: &cluster };
 
@@ -161,14 +168,10 @@ async fn a_users_first_hour_with_kubectl() {
     ]);
     user.kubectl(&["scale", "obr/orders", "--replicas=3"]);
     let scaled = outbox_tests::wait::holds("the relay scaled", Duration::from_secs(90), || async {
-        cluster.node.running_pods("orders").len() == 3
+        cluster.running_pods("orders").len() == 3
     })
     .await;
-    assert!(
-        scaled,
-        "relay pods: {:?}",
-        cluster.node.running_pods("orders")
-    );
+    assert!(scaled, "relay pods: {:?}", cluster.running_pods("orders"));
     user.wait_jsonpath(
         "deploy/orders",
         "{.status.readyReplicas}",
@@ -271,7 +274,7 @@ async fn a_users_first_hour_with_kubectl() {
                 .unwrap();
             // The chart's own (zero-replica) operator Deployment stays, of course.
             let relay_objects = out.lines().filter(|l| !l.contains(OPERATOR_NAME)).count();
-            relay_objects == 0 && cluster.node.running_pods("orders").is_empty()
+            relay_objects == 0 && cluster.running_pods("orders").is_empty()
         },
     )
     .await;

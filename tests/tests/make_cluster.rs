@@ -1,7 +1,7 @@
 //! `make cluster` as the README walks through it: the real Makefile target starts the local
 //! control plane in the background; the user's Secrets and OutboxRelay, in `default` and
-//! pointing at the local PostgreSQL and RabbitMQ, relay rows through relay pods that are local
-//! processes; `make cluster-down` leaves no process behind.
+//! pointing at the local PostgreSQL and RabbitMQ (on the address pods reach them at), relay rows
+//! through relay pods the real node runs; `make cluster-down` leaves no process behind.
 //!
 //! The cluster gets a folder of its own (`OUTBOX_CLUSTER_DIR`), so a `make cluster` the
 //! developer has running is left alone, and runs this test's own build of `outbox-cluster`
@@ -15,20 +15,31 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use lapin::ExchangeKind;
-use outbox_tests::node_agent::{NodeAgentConfig, PodRuntime};
+use outbox_tests::node::{NodeLink, cgroup_roots_of, remove_stale_cgroups};
+use outbox_tests::services::url_for_pods;
 use outbox_tests::{broker, db, process, unique};
 
 /// Longest a make target may take: the start includes the chart's `helm install --wait`.
 const MAKE_TIMEOUT: Duration = Duration::from_secs(360);
 
 /// The processes a running cluster must have started, by program name.
-const PROGRAMS: [&str; 5] = [
+const PROGRAMS: [&str; 10] = [
     "etcd",
     "kube-apiserver",
     "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kubelet",
+    "kube-proxy",
+    "outbox-pause",
     "outbox-operator",
     "outbox-relay",
 ];
+
+/// The URL a user of `make cluster` puts in a Secret: the server as pods reach it.
+fn for_pods(url: &str) -> String {
+    url_for_pods(url).unwrap_or_else(|e| panic!("{e:#}"))
+}
 
 /// `make TARGET` in the repository, for the cluster in `dir`: (succeeded, stdout, stderr).
 async fn make(target: &str, dir: &Path) -> (bool, String, String) {
@@ -167,6 +178,16 @@ fn kubectl(kubectl: &Path, kubeconfig: &Path, args: &[&str], stdin: &str) -> Str
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// The kubectl `make cluster` printed (`kubectl: <path> (…)`).
+fn printed_kubectl(stdout: &str) -> PathBuf {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("kubectl: "))
+        .and_then(|l| l.split_whitespace().next())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("no kubectl line in:\n{stdout}"))
+}
+
 /// The OutboxRelay of the README's section "Try it on a local control plane", for `table`
 /// and `exchange`.
 fn readme_relay(table: &str, exchange: &str) -> String {
@@ -200,12 +221,7 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
         "{stdout}"
     );
     let kubeconfig = PathBuf::from(kubeconfigs[0]);
-    let kubectl_path = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("kubectl: "))
-        .and_then(|l| l.split_whitespace().next())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("no kubectl line in:\n{stdout}"));
+    let kubectl_path = printed_kubectl(&stdout);
     let helm_path = stdout
         .lines()
         .find_map(|l| l.strip_prefix("helm: "))
@@ -218,8 +234,11 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 0).await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
-    let database_url = format!("--from-literal=url={}", outbox_tests::database_url());
-    let amqp_url = format!("--from-literal=url={}", outbox_tests::amqp_url());
+    let database_url = format!(
+        "--from-literal=url={}",
+        for_pods(&outbox_tests::database_url())
+    );
+    let amqp_url = format!("--from-literal=url={}", for_pods(&outbox_tests::amqp_url()));
     run(
         &["create", "secret", "generic", "orders-db", &database_url],
         "",
@@ -240,7 +259,7 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
         "",
     );
 
-    // Rows inserted are relayed, once each, by relay pods running as local processes.
+    // Rows inserted are relayed, once each, by the relay pods.
     outbox_relay::tools::seed::copy_rows(&mut conn, &table, 2_000, 50, |_| {})
         .await
         .unwrap();
@@ -262,9 +281,9 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
         .collect();
     assert_eq!(row.get(..2), Some(&["orders", "True"][..]), "{shown}");
 
-    // With runc, the operator is the chart's own pod, as shipped: ready, confined as its
-    // securityContext says, on in-cluster credentials; and the real-cluster suite passes here.
-    if NodeAgentConfig::default().runtime == PodRuntime::Containers {
+    // The operator is the chart's own pod, as shipped: ready, confined as its securityContext
+    // says, on in-cluster credentials; and the real-cluster suite passes here.
+    {
         let pods = run(
             &[
                 "get",
@@ -280,8 +299,8 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
         let e2e =
             tokio::process::Command::new(outbox_tests::repo_root().join("scripts/e2e-cluster.sh"))
                 .env("KUBECONFIG", &kubeconfig)
-                .env("E2E_DATABASE_URL", outbox_tests::database_url())
-                .env("E2E_AMQP_URL", outbox_tests::amqp_url())
+                .env("E2E_DATABASE_URL", for_pods(&outbox_tests::database_url()))
+                .env("E2E_AMQP_URL", for_pods(&outbox_tests::amqp_url()))
                 .env("E2E_TIMEOUT", "120")
                 // The tools make cluster printed: CI's helm is not where chart-check caches it.
                 .env("HELM", &helm_path)
@@ -310,11 +329,11 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
             "no {program} under outbox-cluster: {tree:?}"
         );
     }
-    if NodeAgentConfig::default().runtime == PodRuntime::Containers {
-        // The operator's and the relays' processes run as the pods' user, not as root.
+    // The operator's and the relays' processes run as the pods' user, not as root.
+    {
         for proc in tree
             .iter()
-            .filter(|p| p.program.starts_with("outbox-") && p.program != "outbox-cluster")
+            .filter(|p| ["outbox-operator", "outbox-relay"].contains(&p.program.as_str()))
         {
             let status =
                 std::fs::read_to_string(format!("/proc/{}/status", proc.pid)).unwrap_or_default();
@@ -338,9 +357,10 @@ async fn make_cluster_relays_rows_and_make_cluster_down_leaves_no_process() {
     let _ = std::fs::remove_dir_all(&dir.0);
 }
 
-/// The guarantee behind every test harness here: what a process starts (control plane, node
-/// agent, operator, relays) dies with it, even when it is killed without a chance to clean up
-/// (PR_SET_PDEATHSIG on every child).
+/// The guarantee behind every test harness here: what a process starts (control plane, node,
+/// operator, relays) dies with it, even when it is killed without a chance to clean up
+/// (PR_SET_PDEATHSIG on every child, the node's processes with its namespaces); and what the
+/// kernel does not remove with them, the node's cgroups, the next node's start removes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_cluster_process_takes_everything_it_started_with_it() {
     let dir = ClusterDir(std::env::temp_dir().join(unique("outbox-cluster-kill")));
@@ -350,17 +370,36 @@ async fn kill_9_of_the_cluster_process_takes_everything_it_started_with_it() {
         .pid()
         .expect("the cluster's pid file names a live process");
     let tree = descendants(cluster.pid);
-    for program in [
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "outbox-operator",
-    ] {
+    for program in PROGRAMS.iter().filter(|p| **p != "outbox-relay") {
         assert!(
-            tree.iter().any(|p| p.program == program),
+            tree.iter().any(|p| p.program == *program),
             "no {program} under outbox-cluster: {tree:?}"
         );
     }
+    // The node's end of the network on the host, and its cgroups.
+    let kubectl_path = printed_kubectl(&stdout);
+    let address = kubectl(
+        &kubectl_path,
+        &dir.0.join("kubeconfig"),
+        &[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={.items[0].status.addresses[?(@.type==\"InternalIP\")].address}",
+        ],
+        "",
+    );
+    let interface = address
+        .trim()
+        .parse()
+        .ok()
+        .and_then(NodeLink::host_interface_of)
+        .unwrap_or_else(|| panic!("the node's InternalIP {address:?} is not a test node's"));
+    let interface_path = Path::new("/sys/class/net").join(&interface);
+    assert!(interface_path.exists(), "no {interface} on the host");
+    let cgroups = cgroup_roots_of(cluster.pid).unwrap();
+    assert!(!cgroups.is_empty(), "the node made no cgroup root");
+
     // SAFETY: kill(2) on the pid the cluster wrote, read back as outbox-cluster above.
     unsafe { libc::kill(cluster.pid as i32, libc::SIGKILL) };
     let gone = outbox_tests::wait::holds(
@@ -374,5 +413,20 @@ async fn kill_9_of_the_cluster_process_takes_everything_it_started_with_it() {
         gone,
         "left running after kill -9 of outbox-cluster: {left:?}"
     );
+    let unlinked = outbox_tests::wait::holds(
+        "the node's interface is gone with its network namespace",
+        Duration::from_secs(10),
+        || async { !interface_path.exists() },
+    )
+    .await;
+    assert!(unlinked, "{interface} is still on the host");
+    let dir_text = dir.0.to_string_lossy().into_owned();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mounted: Vec<&str> = mounts.lines().filter(|l| l.contains(&dir_text)).collect();
+    assert!(mounted.is_empty(), "mounts left on the host: {mounted:#?}");
+    // What the next node's start does first.
+    remove_stale_cgroups().unwrap();
+    let left: Vec<_> = cgroups.iter().filter(|dir| dir.exists()).collect();
+    assert!(left.is_empty(), "cgroups left after the sweep: {left:?}");
     let _ = std::fs::remove_dir_all(&dir.0);
 }

@@ -1,7 +1,7 @@
 //! The tests' real node (tests/src/node): containerd, runc, the CNI bridge, the kubelet,
 //! kube-proxy and kube-scheduler, as a cluster runs pods. One relay pod of the project's image,
-//! in a namespace that enforces the restricted Pod Security profile, shows what the hand-written
-//! node agent could not: the scheduler places it, the kubelet runs it under containerd with its
+//! in a namespace that enforces the restricted Pod Security profile, shows what a hand-written
+//! stand-in for a node could not: the scheduler places it, the kubelet runs it under containerd with its
 //! own IP, its readiness probe, its memory limit in the node's cgroups, `kubectl logs` through
 //! the API server, the `kubernetes` Service's ClusterIP through kube-proxy; and the node leaves
 //! nothing behind when it stops.

@@ -18,7 +18,6 @@ use lapin::ExchangeKind;
 use outbox_operator::crd::OutboxRelaySpec;
 use outbox_relay::table::OutboxTable;
 use outbox_tests::cluster::{TestCluster, create_url_secret, relay_spec};
-use outbox_tests::node_agent::NodeAgentConfig;
 use outbox_tests::tls::{self, TlsRole};
 use outbox_tests::{broker, db, unique};
 use sqlx::PgConnection;
@@ -118,7 +117,7 @@ async fn an_outbox_relay_with_tls_secrets_relays_names_a_wrong_ca_and_recovers()
     let exchange = unique("e2e_tls_x");
     let consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
 
-    let cluster = TestCluster::start(NodeAgentConfig::default()).await;
+    let cluster = TestCluster::start().await;
     // No password and no TLS parameter in the URL: the spec's fields say them.
     let url = tls::url(&role.name, None, &[]);
     create_url_secret(&cluster.client, &cluster.namespace, "db-tls", &url).await;
@@ -211,7 +210,7 @@ async fn an_outbox_relay_behind_a_transaction_pool_relays_every_row() {
     let exchange = unique("e2e_pool_x");
     let consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
 
-    let cluster = TestCluster::start(NodeAgentConfig::default()).await;
+    let cluster = TestCluster::start().await;
     let pool = |database: &str| tls::url_on("127.0.0.1", 6432, database, "outbox_scram", None, &[]);
     create_url_secret(
         &cluster.client,

@@ -14,7 +14,6 @@ use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::TableName;
 use outbox_tests::cluster::{TestCluster, create_url_secret, relay_spec};
 use outbox_tests::db::{self, PrivateDatabase};
-use outbox_tests::node_agent::NodeAgentConfig;
 use outbox_tests::{broker, unique, wait};
 
 const RELAY: &str = "vacuum";
@@ -40,7 +39,7 @@ async fn a_held_snapshot_makes_the_relay_vacuum_blocked_until_it_ends() {
         .unwrap();
     let exchange = unique("vacuum_x");
     let _consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
-    let cluster = TestCluster::start(NodeAgentConfig::default()).await;
+    let cluster = TestCluster::start().await;
     create_url_secret(&cluster.client, &cluster.namespace, SECRET, &database.url).await;
 
     let mut spec = relay_spec("outbox", &exchange);

@@ -74,11 +74,26 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     let client = Client::try_default()
         .await
         .context("no Kubernetes configuration found (in-cluster or kubeconfig)")?;
-    client
+    let server = client
         .apiserver_version()
         .await
         .context("the Kubernetes API server did not answer")?;
     ready.store(true, Ordering::Relaxed);
+    // One line that says what this operator does, for `kubectl logs` right after an install.
+    let watching = if options.namespaces.is_empty() {
+        "every namespace".to_string()
+    } else {
+        options.namespaces.join(", ")
+    };
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        kubernetes = %server.git_version,
+        watching = %watching,
+        leader_election = options.leader_election,
+        metrics = %addr,
+        relay_image = %options.settings.build.default_image,
+        "outbox-operator started"
+    );
 
     let shutdown = Arc::new(StopSignal::default());
     tokio::spawn({

@@ -1,21 +1,20 @@
 //! `outbox-cluster`: the local Kubernetes behind `make cluster`, to try the operator without a
 //! cluster.
 //!
-//! It starts the tests' real control plane (etcd, kube-apiserver, kube-controller-manager) with
-//! its files under `--dir`, runs a node agent that takes the pods of every namespace and runs
-//! them as runc containers of the image built from the binaries next to this one (with the
-//! host's network, so pods reach the PostgreSQL and RabbitMQ on 127.0.0.1), and `helm
-//! install`s the operator chart cluster-wide, as shipped: the chart's own operator Deployment
-//! runs as a container with in-cluster credentials (the projected ServiceAccount token and CA,
-//! `KUBERNETES_SERVICE_HOST`/`PORT`), as a kubelet would run it. Where runc cannot run, the
-//! pods are local processes and the operator runs as a process with a token of the chart's
-//! ServiceAccount instead. Once all of that is up it writes `<dir>/kubeconfig` and prints
-//! `KUBECONFIG=<path>` and where `kubectl` and `helm` are, then stays in the foreground until
-//! SIGTERM or SIGINT: the operator gets SIGTERM, the relays SIGTERM and their grace period, and
-//! the control plane stops.
+//! It starts the tests' real control plane (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler) with its files under `--dir`, and the tests' real node (containerd, runc,
+//! the CNI bridge, the kubelet and kube-proxy, see `outbox_tests::node`) with the image built
+//! from the binaries next to this one imported. Then it `helm install`s the operator chart
+//! cluster-wide, as shipped: the chart's operator Deployment runs as a pod on the node, with
+//! in-cluster credentials, reaching the API server through the `kubernetes` Service. Pods
+//! reach the local PostgreSQL and RabbitMQ on the services address, 10.213.0.1. Once all of
+//! that is up it writes `<dir>/kubeconfig` and prints `KUBECONFIG=<path>` and where `kubectl`
+//! and `helm` are, then stays in the foreground until SIGTERM or SIGINT: the operator is
+//! scaled to zero, the relays get SIGTERM and their grace period (their Deployments scaled to
+//! zero), then the node and the control plane stop.
 //!
-//! Every process it starts dies with it, even on `kill -9` (`PR_SET_PDEATHSIG`, and for the
-//! containers the reaper of `outbox_tests::oci`).
+//! Every process it starts dies with it, even on `kill -9` (`PR_SET_PDEATHSIG`, and the node's
+//! processes with the node's namespaces).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -25,20 +24,24 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::Api;
-use kube::api::{Patch, PatchParams};
-use outbox_tests::cluster::{OPERATOR_NAME, OperatorProcess, install_chart_cluster_wide};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use outbox_tests::cluster::{OPERATOR_NAME, install_chart_cluster_wide};
 use outbox_tests::control_plane::ControlPlane;
-use outbox_tests::node_agent::{NodeAgent, NodeAgentConfig, PodRuntime};
-use outbox_tests::{helm, http, process};
+use outbox_tests::node::Node;
+use outbox_tests::services::SERVICES_ADDRESS;
+use outbox_tests::{helm, process};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Where the chart and the operator's ServiceAccount live, as in the README's install.
 const RELEASE_NAMESPACE: &str = "outbox-relay-system";
-/// The one node, which runs the pods of every namespace.
-const NODE: &str = "local";
-/// Longest wait for the operator's `/readyz` after it started.
-const OPERATOR_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The chart's operator pods (its selector).
+const OPERATOR_PODS: &str = "app.kubernetes.io/name=outbox-relay-operator";
+/// The relay pods of every OutboxRelay.
+const RELAY_PODS: &str = "app.kubernetes.io/part-of=outbox-relay,app.kubernetes.io/component=relay";
+/// Longest wait for pods to go at the stop (the relays' default grace period is 30 s).
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Parser)]
 #[command(
@@ -79,37 +82,51 @@ impl Files {
 /// What runs while the cluster is up, stopped in reverse order.
 struct Cluster {
     plane: ControlPlane,
-    node: NodeAgent,
-    operator: Operator,
+    node: Node,
+    client: Client,
 }
 
-/// Where the operator runs.
-enum Operator {
-    /// The chart's Deployment, its pod a container on the node agent.
-    Pod(Api<Deployment>),
-    /// A process with a token of the chart's ServiceAccount (where runc cannot run).
-    Process(OperatorProcess),
-}
-
-impl Operator {
-    /// Stops the operator before the relays, so it does not react to their pods going away.
-    async fn stop(self, node: &NodeAgent) {
-        match self {
-            Operator::Process(process) => process.stop().await,
-            Operator::Pod(deployments) => {
-                let scale = serde_json::json!({"spec": {"replicas": 0}});
-                let params = PatchParams::default();
-                let _ = deployments
-                    .patch(OPERATOR_NAME, &params, &Patch::Merge(&scale))
-                    .await;
-                let started = Instant::now();
-                while !node.running_pods(OPERATOR_NAME).is_empty()
-                    && started.elapsed() < OPERATOR_READY_TIMEOUT
-                {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
+impl Cluster {
+    /// The operator first, so it does not react to the relays going away; then the relays,
+    /// each with SIGTERM and its grace period, as the kubelet stops pods.
+    async fn stop_pods(&self) {
+        let operator: Api<Deployment> = Api::namespaced(self.client.clone(), RELEASE_NAMESPACE);
+        scale_to_zero(&operator, OPERATOR_NAME).await;
+        wait_pods_gone(&self.client, OPERATOR_PODS).await;
+        let deployments: Api<Deployment> = Api::all(self.client.clone());
+        let relays = deployments
+            .list(&ListParams::default().labels(RELAY_PODS))
+            .await
+            .map(|list| list.items)
+            .unwrap_or_default();
+        for relay in relays {
+            let Some(namespace) = relay.namespace() else {
+                continue;
+            };
+            let api = Api::namespaced(self.client.clone(), &namespace);
+            scale_to_zero(&api, &relay.name_any()).await;
         }
+        wait_pods_gone(&self.client, RELAY_PODS).await;
+    }
+}
+
+async fn scale_to_zero(deployments: &Api<Deployment>, name: &str) {
+    let scale = serde_json::json!({"spec": {"replicas": 0}});
+    let _ = deployments
+        .patch(name, &PatchParams::default(), &Patch::Merge(&scale))
+        .await;
+}
+
+/// Waits (at most [`STOP_TIMEOUT`]) until no pod of any namespace matches `selector`.
+async fn wait_pods_gone(client: &Client, selector: &str) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let started = Instant::now();
+    while started.elapsed() < STOP_TIMEOUT {
+        let listed = pods.list(&ListParams::default().labels(selector)).await;
+        if listed.is_ok_and(|list| list.items.is_empty()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -203,10 +220,10 @@ async fn run(files: &Files, exit_with: Option<u32>) -> anyhow::Result<()> {
         _ = interrupt.recv() => eprintln!("outbox-cluster: SIGINT, stopping"),
         pid = exited(exit_with) => eprintln!("outbox-cluster: process {pid} exited, stopping"),
     }
-    // The operator first, so it does not react to the pods going away; then the relays, each
-    // with SIGTERM and its grace period; the control plane last.
-    cluster.operator.stop(&cluster.node).await;
-    cluster.node.shutdown().await;
+    // The pods first (the operator, then the relays with their grace period), then the node,
+    // the control plane last.
+    cluster.stop_pods().await;
+    drop(cluster.node);
     drop(cluster.plane);
     Ok(())
 }
@@ -214,7 +231,7 @@ async fn run(files: &Files, exit_with: Option<u32>) -> anyhow::Result<()> {
 async fn start(files: &Files) -> anyhow::Result<Cluster> {
     let plane_dir = files.plane();
     eprintln!(
-        "outbox-cluster: starting etcd, kube-apiserver and kube-controller-manager in {}",
+        "outbox-cluster: starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler in {}",
         plane_dir.display()
     );
     let plane = tokio::task::spawn_blocking(move || -> anyhow::Result<ControlPlane> {
@@ -225,43 +242,24 @@ async fn start(files: &Files) -> anyhow::Result<Cluster> {
     })
     .await??;
     let plane = std::sync::Arc::new(plane);
+    let starting = plane.clone();
+    let node = tokio::task::spawn_blocking(move || Node::start(&starting)).await??;
+    eprintln!(
+        "outbox-cluster: node {} Ready at {}: containerd, the kubelet and kube-proxy; pods reach this machine's servers on {SERVICES_ADDRESS}",
+        node.name,
+        node.link.node_address()
+    );
     let client = plane.admin_client().await?;
-    let config = NodeAgentConfig {
-        api_server: Some(plane.server.clone()),
-        ..NodeAgentConfig::default()
-    };
-    let runtime = config.runtime;
-    let node = NodeAgent::start_all_namespaces(client.clone(), NODE, config).await?;
-    let how = match runtime {
-        PodRuntime::Containers => "as runc containers of the image",
-        PodRuntime::Processes => "as local processes (runc cannot run here)",
-    };
-    eprintln!("outbox-cluster: node {NODE} runs the pods of every namespace {how}");
-    // With containers the chart runs its own operator pod; helm's --wait sees it ready.
-    let operator_pods = u32::from(runtime == PodRuntime::Containers);
+    // The chart's own operator pod; helm's --wait sees it ready.
     let installing = plane.clone();
     tokio::task::spawn_blocking(move || {
-        install_chart_cluster_wide(&installing, RELEASE_NAMESPACE, operator_pods)
+        install_chart_cluster_wide(&installing, RELEASE_NAMESPACE, 1)
     })
     .await?
     .context("helm install")?;
-    eprintln!("outbox-cluster: chart installed in {RELEASE_NAMESPACE}, watching every namespace");
-    let operator = match runtime {
-        PodRuntime::Containers => {
-            eprintln!("outbox-cluster: the chart's operator pod is ready");
-            Operator::Pod(Api::namespaced(client, RELEASE_NAMESPACE))
-        }
-        PodRuntime::Processes => {
-            let process =
-                OperatorProcess::start(&plane, RELEASE_NAMESPACE, "", "operator", &[]).await?;
-            wait_operator_ready(&process).await?;
-            eprintln!(
-                "outbox-cluster: operator running (log {})",
-                process.log.display()
-            );
-            Operator::Process(process)
-        }
-    };
+    eprintln!(
+        "outbox-cluster: chart installed in {RELEASE_NAMESPACE}, watching every namespace; its operator pod is ready"
+    );
     let plane = std::sync::Arc::try_unwrap(plane)
         .map_err(|_| anyhow::anyhow!("the control plane is still shared"))?;
 
@@ -289,40 +287,16 @@ async fn start(files: &Files) -> anyhow::Result<Cluster> {
     writeln!(out, "helm: {}", helm::helm_path()?.display())?;
     writeln!(
         out,
-        "logs: {} (operator and pods), {} (control plane)",
-        files.logs().display(),
-        files.plane().display()
+        "logs: kubectl logs (operator and pods), {} (control plane), {} (node)",
+        files.plane().display(),
+        files.plane().join("node").display()
     )?;
     out.flush()?;
     Ok(Cluster {
         plane,
         node,
-        operator,
+        client,
     })
-}
-
-/// Polls the operator's `/readyz` until it answers 200.
-async fn wait_operator_ready(operator: &OperatorProcess) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        if tokio::net::TcpStream::connect(&operator.metrics_addr)
-            .await
-            .is_ok()
-            && http::get(&operator.metrics_addr, "/readyz").await.0 == 200
-        {
-            return Ok(());
-        }
-        if started.elapsed() > OPERATOR_READY_TIMEOUT {
-            let log = operator.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            bail!(
-                "the operator is not ready after {OPERATOR_READY_TIMEOUT:?}; the end of {}:\n{}",
-                operator.log.display(),
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Resolves to `pid` once that process is gone; never, without a pid.

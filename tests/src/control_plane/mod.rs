@@ -33,8 +33,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// The controllers a test cluster needs: Deployments make ReplicaSets make Pods; the garbage
 /// collector follows owner references; namespaces can be deleted; ServiceAccounts and their
 /// CA bundle appear in every namespace. The node lifecycle controller removes the `not-ready`
-/// taint a kubelet registers its node with, once the node is Ready (see `--node-monitor-grace-
-/// period` below for the node agent's nodes). Taint-based eviction is left out.
+/// taint a kubelet registers its node with, once the node is Ready. Taint-based eviction is
+/// left out.
 const CONTROLLERS: &[&str] = &[
     "deployment-controller",
     "node-lifecycle-controller",
@@ -225,9 +225,6 @@ impl ControlPlane {
             "--leader-elect=false".into(),
             // No serving port: nothing scrapes it, and tests run in parallel.
             "--secure-port=0".into(),
-            // The node agent's nodes send no heartbeats: never take them (and their pods'
-            // readiness) for lost. A real node's kubelet renews its lease anyway.
-            "--node-monitor-grace-period=8760h".into(),
             // Controllers react at test speed.
             "--concurrent-deployment-syncs=10".into(),
             "--concurrent-replicaset-syncs=10".into(),
@@ -239,8 +236,13 @@ impl ControlPlane {
     }
 
     /// kube-scheduler, which places pods on the nodes that kubelets register. Started with the
-    /// first real node (see `crate::node`): the node agent binds its pods itself.
+    /// first real node (see `crate::node`), once: later nodes find it running.
     pub fn start_scheduler(&self) -> anyhow::Result<()> {
+        let components = self.components.lock().expect("not poisoned");
+        if components.iter().any(|c| c.name == "kube-scheduler") {
+            return Ok(());
+        }
+        drop(components);
         let kubeconfig = format!("--kubeconfig={}", self.kubeconfig.display());
         self.launch(
             "kube-scheduler",

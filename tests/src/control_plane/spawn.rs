@@ -1,6 +1,6 @@
 //! Processes that die with the test process: every child is started with `PR_SET_PDEATHSIG`
 //! (SIGKILL), so a panic, a timeout or a `kill -9` of the test binary takes its control plane,
-//! node agent and relays with it.
+//! node and relays with it.
 //!
 //! The kernel sends the parent-death signal when the *thread* that forked the child exits, not
 //! the process. Test threads end with their test, so children that must outlive one test (the

@@ -19,12 +19,32 @@ pub struct CgroupRoot {
     dirs: Vec<PathBuf>,
 }
 
+/// The roots a node of process `pid` made, in every hierarchy (a process may have started
+/// several nodes).
+pub fn roots_of(pid: u32) -> anyhow::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for hierarchy in hierarchies()? {
+        for entry in std::fs::read_dir(&hierarchy)?.flatten() {
+            if root_pid(&entry.file_name().to_string_lossy()) == Some(pid) {
+                found.push(entry.path());
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Removes the roots of nodes whose process is gone (killed without a chance to clean up).
+pub fn remove_stale() -> anyhow::Result<()> {
+    for hierarchy in hierarchies()? {
+        remove_stale_roots(&hierarchy);
+    }
+    Ok(())
+}
+
 impl CgroupRoot {
     pub fn create() -> anyhow::Result<CgroupRoot> {
+        remove_stale()?;
         let hierarchies = hierarchies()?;
-        for hierarchy in &hierarchies {
-            remove_stale_roots(hierarchy);
-        }
         let leaf = format!(
             "{PREFIX}{}-{}",
             std::process::id(),
@@ -95,17 +115,17 @@ fn remove_stale_roots(hierarchy: &Path) {
         return;
     };
     for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix(PREFIX)
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok());
-        if let Some(pid) = pid
+        if let Some(pid) = root_pid(&entry.file_name().to_string_lossy())
             && !Path::new(&format!("/proc/{pid}")).exists()
         {
             remove_tree(&entry.path());
         }
     }
+}
+
+/// The pid in a root's name, `outbox-node-<pid>-<id>`.
+fn root_pid(name: &str) -> Option<u32> {
+    name.strip_prefix(PREFIX)?.split('-').next()?.parse().ok()
 }
 
 /// Removes a cgroup directory and its children, deepest first (a cgroup directory goes with

@@ -68,7 +68,7 @@ pub struct Runtime {
 /// The CNI plugins of Debian's containernetworking-plugins package.
 pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 /// The namespace the CRI plugin keeps the kubelet's images in.
-const CRI_NAMESPACE: &str = "k8s.io";
+pub const CRI_NAMESPACE: &str = "k8s.io";
 
 impl ContainerdConfig {
     /// containerd under `dir`, running pods with runc and the CNI configuration in `cni_conf`.

@@ -25,6 +25,7 @@ mod sandbox;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -39,6 +40,7 @@ use kube_proxy::KubeProxyConfiguration;
 use kubelet::{KubeletConfiguration, KubeletFiles};
 use sandbox::Sandbox;
 
+pub use cgroups::{remove_stale as remove_stale_cgroups, roots_of as cgroup_roots_of};
 pub use network::NodeLink;
 
 /// The one node's name (each control plane has its own node).
@@ -58,6 +60,8 @@ pub struct Node {
     pub name: String,
     pub link: NodeLink,
     dir: PathBuf,
+    /// containerd's socket, inside the node's mount namespace.
+    containerd_socket: PathBuf,
     components: Vec<Component>,
     // Dropped in this order: the namespaces (every process of the node) before the cgroups
     // those processes were in.
@@ -66,6 +70,16 @@ pub struct Node {
 }
 
 impl Node {
+    /// The node of [`ControlPlane::shared`], started on first use. It lives as long as the
+    /// test process: its namespaces die with it (a node left in a static is never dropped,
+    /// and the next node's start sweeps the cgroups it leaves).
+    pub fn shared() -> &'static Node {
+        static SHARED: OnceLock<Node> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            Node::start(ControlPlane::shared()).unwrap_or_else(|error| panic!("{error:#}"))
+        })
+    }
+
     /// Starts a node on `plane` (and the plane's scheduler) and waits until it is Ready.
     pub fn start(plane: &ControlPlane) -> anyhow::Result<Node> {
         preflight::check()?;
@@ -84,11 +98,13 @@ impl Node {
             name: NODE_NAME.to_string(),
             link,
             dir,
+            containerd_socket: PathBuf::new(),
             components: Vec::new(),
             sandbox,
             cgroups,
         };
         let socket = node.start_containerd()?;
+        node.containerd_socket = socket.clone();
         for image in [pause, project] {
             containerd::import_image(&socket, &image.archive, &image.repository)?;
         }
@@ -260,6 +276,31 @@ impl Node {
             cgroups: self.cgroups.dirs().to_vec(),
             dir: self.dir.clone(),
         }
+    }
+
+    /// Sends `signal` (`SIGSTOP`, `SIGKILL`, …) to the first process of the container whose
+    /// CRI id (a pod's `containerStatuses[].containerID`, with or without `containerd://`)
+    /// is `container_id`, as the runtime does: SIGSTOP freezes a relay the way a hung process
+    /// looks to the kubelet (alive, but its probes time out).
+    pub fn signal_container(&self, container_id: &str, signal: &str) -> anyhow::Result<()> {
+        let id = container_id
+            .strip_prefix("containerd://")
+            .unwrap_or(container_id);
+        let socket = self.containerd_socket.to_string_lossy();
+        let args = [
+            "--address",
+            &socket,
+            "--namespace",
+            containerd::CRI_NAMESPACE,
+            "tasks",
+            "kill",
+            "--signal",
+            signal,
+            id,
+        ];
+        self.run("ctr", &args)
+            .map(drop)
+            .with_context(|| format!("send {signal} to container {id}"))
     }
 
     /// `program args…` run inside the node (its network, mounts and processes), to completion.

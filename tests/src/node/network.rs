@@ -35,6 +35,15 @@ pub struct NodeLink {
 }
 
 impl NodeLink {
+    /// The host's interface of the node at `node_address` (a node's `InternalIP`), or `None`
+    /// for an address outside the nodes' network.
+    pub fn host_interface_of(node_address: Ipv4Addr) -> Option<String> {
+        let [a, b, index, 2] = node_address.octets() else {
+            return None;
+        };
+        ([a, b] == NODE_NETWORK).then(|| host_interface_name(index))
+    }
+
     pub fn node_address(&self) -> Ipv4Addr {
         Ipv4Addr::new(NODE_NETWORK[0], NODE_NETWORK[1], self.index, 2)
     }
@@ -94,7 +103,7 @@ impl NodeLink {
 fn take_free_index(sandbox: &Sandbox) -> anyhow::Result<NodeLink> {
     let pid = sandbox.init_pid.to_string();
     for index in 1..=250u8 {
-        let host_interface = format!("outbox-node{index}");
+        let host_interface = host_interface_name(index);
         let output = Command::new("ip")
             .args(["link", "add", &host_interface, "type", "veth"])
             .args(["peer", "name", "eth0", "netns", &pid])
@@ -121,4 +130,8 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
         "Debian's iproute2 package",
     )?;
     Ok(())
+}
+
+fn host_interface_name(index: u8) -> String {
+    format!("outbox-node{index}")
 }
