@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -24,10 +24,11 @@ use crate::reconcile::context::Context;
 use crate::reconcile::dereference::dereference_secrets;
 use crate::reconcile::error::Error;
 use crate::reconcile::events::{
-    self, announce_migration, announce_pod_problem, announce_scaling, announce_vacuum,
+    self, announce_migration, announce_oom_kills, announce_pod_problem, announce_scaling,
+    announce_vacuum,
 };
 use crate::reconcile::migrate::{MigrationKey, MigrationOutcome, migrate_once};
-use crate::reconcile::observe::observe;
+use crate::reconcile::observe::{RelayObjects, observe};
 use crate::reconcile::recommend::recommend_replicas;
 use crate::reconcile::status::{Observation, failed_status, healthy_status, pod_problem_message};
 use crate::reconcile::validate::validate;
@@ -94,15 +95,15 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
     announce_migration(&ctx.recorder, relay, &migration).await;
 
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
-    let observed = observe(
-        &deployments,
-        &name,
-        database,
-        &secrets.database,
-        &plan,
-        &relay_name,
-    )
-    .await?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let selector = selector_string(relay);
+    let objects = RelayObjects {
+        deployments: &deployments,
+        pods: &pods,
+        name: &name,
+        selector: &selector,
+    };
+    let observed = observe(objects, database, &secrets.database, &plan, &relay_name).await?;
 
     let history = ctx.scaling.get(&relay_name);
     let (scale, history) =
@@ -119,6 +120,7 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         &ctx.settings.build,
     );
     let existed = observed.live.is_some();
+    let oom_kills = observed.oom_kills;
     let applied = apply_deployment(ctx, relay, &deployments, observed.live, &desired).await?;
     if existed {
         announce_scaling(&ctx.recorder, relay, &scale).await;
@@ -130,14 +132,16 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         migration: &migration,
         deployment: &applied,
         desired_replicas: scale.replicas,
-        selector: selector_string(relay),
+        selector,
         scaling: &scale,
         vacuum_blocked_after: plan.vacuum_blocked_after,
+        oom_kills: &oom_kills,
     };
     let status = healthy_status(relay.status.as_ref(), &observation, Timestamp::now());
     let problem = scale.lag.as_ref().and_then(|lag| lag.problem.as_ref());
     announce_pod_problem(&ctx.recorder, relay, problem, pod_problem_message).await;
     announce_vacuum(&ctx.recorder, relay, &status, &observation.table).await;
+    announce_oom_kills(&ctx.recorder, relay, &oom_kills).await;
     write_status(ctx, relay, &status).await?;
 
     Ok(match (&migration, &plan.scaling) {

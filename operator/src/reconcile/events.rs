@@ -6,9 +6,10 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use outbox_relay::table::migrate::{AUTOVACUUM_OFF_WARNING, IndexAction};
 
 use crate::crd::{OutboxRelay, OutboxRelayStatus};
-use crate::reconcile::conditions::{self, READY};
+use crate::reconcile::conditions::{self, DEGRADED, READY};
 use crate::reconcile::database::PodProblem;
 use crate::reconcile::migrate::MigrationOutcome;
+use crate::reconcile::pods::{OOM_KILLED, OomKill, oom_message};
 use crate::reconcile::recommend::ScalingOutcome;
 use crate::reconcile::table_health::{
     VACUUM_BLOCKED, VACUUM_UNBLOCKED, VacuumChange, vacuum_blocked_message, vacuum_change,
@@ -140,6 +141,30 @@ pub async fn announce_vacuum(
         VacuumChange::Unchanged => return,
     };
     publish(recorder, relay, type_, reason, "Observe", note).await;
+}
+
+/// A Warning when relay pods were OOM-killed and Degraded did not already say so.
+pub async fn announce_oom_kills(recorder: &Recorder, relay: &OutboxRelay, kills: &[OomKill]) {
+    if kills.is_empty() {
+        return;
+    }
+    let degraded = relay
+        .status
+        .as_ref()
+        .and_then(|status| conditions::find(&status.conditions, DEGRADED));
+    if degraded.is_some_and(|c| c.status == "True" && c.reason == OOM_KILLED) {
+        return;
+    }
+    let note = oom_message(kills);
+    publish(
+        recorder,
+        relay,
+        EventType::Warning,
+        OOM_KILLED,
+        "Observe",
+        note,
+    )
+    .await;
 }
 
 /// Is `problem` new, i.e. was Ready not already False for this reason?

@@ -5,7 +5,7 @@
 //! | dereference the Secrets | [`dereference`] | API server |
 //! | validate the spec into a plan | [`validate`] | pure |
 //! | migrate the table, once per generation | [`migrate`] | database |
-//! | observe the Deployment and the lag | [`observe`] | API server, database |
+//! | observe the Deployment, its pods ([`pods`]) and the lag | [`observe`] | API server, database |
 //! | recommend the replicas | [`recommend`] ([`autoscaler`]) | pure |
 //! | build the Deployment | [`build`] | pure |
 //! | apply it, when it changed | [`apply`] | API server |
@@ -30,6 +30,7 @@ pub mod events;
 pub mod memory;
 pub mod migrate;
 pub mod observe;
+pub mod pods;
 pub mod recommend;
 pub mod status;
 pub mod table_health;

@@ -1,5 +1,5 @@
-//! The observe step: the relay's Deployment as the API server has it, and the lag as the
-//! database has it.
+//! The observe step: the relay's Deployment and its pods as the API server has them, and the
+//! lag as the database has it.
 //!
 //! In manual mode the lag is still observed, so `kubectl get obr` shows the backlog. A lag that
 //! cannot be read does not stop the reconcile: the autoscaler knows what to do without it (its
@@ -8,11 +8,13 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use outbox_relay::database::DatabaseTarget;
 
 use crate::reconcile::database::{LagObservation, LagQuery, RelayDatabase};
 use crate::reconcile::error::Error;
+use crate::reconcile::pods::{OomKill, observe_oom_kills};
 use crate::reconcile::validate::RelayPlan;
 
 /// How long reports stay valid when no scaling block says so.
@@ -26,21 +28,34 @@ pub struct Observed {
     pub previous_replicas: i32,
     /// The lag, or why it could not be read (already redacted).
     pub lag: Result<LagObservation, String>,
+    /// Relay pods the kernel killed for exceeding their memory limit.
+    pub oom_kills: Vec<OomKill>,
 }
 
-/// Reads the Deployment `name`, then the lag of `relay_name`.
+/// Where the relay's objects are on the API server.
+pub struct RelayObjects<'a> {
+    pub deployments: &'a Api<Deployment>,
+    pub pods: &'a Api<Pod>,
+    /// The Deployment's name.
+    pub name: &'a str,
+    /// The label selector of its pods.
+    pub selector: &'a str,
+}
+
+/// Reads the Deployment and its pods, then the lag of `relay_name`.
 pub async fn observe(
-    deployments: &Api<Deployment>,
-    name: &str,
+    objects: RelayObjects<'_>,
     database: &dyn RelayDatabase,
     target: &DatabaseTarget,
     plan: &RelayPlan,
     relay_name: &str,
 ) -> Result<Observed, Error> {
-    let live = deployments
-        .get_opt(name)
+    let live = objects
+        .deployments
+        .get_opt(objects.name)
         .await
         .map_err(Error::ObserveDeployment)?;
+    let oom_kills = observe_oom_kills(objects.pods, objects.selector).await;
     let previous_replicas = live
         .as_ref()
         .and_then(|d| d.spec.replicas)
@@ -65,5 +80,6 @@ pub async fn observe(
         live,
         previous_replicas,
         lag,
+        oom_kills,
     })
 }

@@ -16,6 +16,7 @@ use crate::reconcile::conditions::{
 use crate::reconcile::database::PodProblem;
 use crate::reconcile::error::Error;
 use crate::reconcile::migrate::MigrationOutcome;
+use crate::reconcile::pods::{OOM_KILLED, OomKill, oom_message};
 use crate::reconcile::recommend::ScalingOutcome;
 use crate::reconcile::table_health::{VACUUM_BLOCKED, table_health_status, vacuum_blocked_message};
 
@@ -32,6 +33,8 @@ pub struct Observation<'a> {
     pub scaling: &'a ScalingOutcome,
     /// `spec.database.vacuumBlockedAfter`, parsed.
     pub vacuum_blocked_after: Duration,
+    /// Relay pods killed for exceeding their memory limit.
+    pub oom_kills: &'a [OomKill],
 }
 
 /// Status after a pass that reached the end of the pipeline.
@@ -80,17 +83,22 @@ pub fn healthy_status(
                 NewCondition::new(DEGRADED, true, &problem.reason, message),
             )
         }
-        None => {
-            let ready = if !index_ready {
-                NewCondition::new(
-                    READY,
-                    false,
-                    "MigrationPending",
-                    format!("waiting for the migration of table {}", observed.table),
-                )
+        // Killed by the kernel, a relay cannot report why: the pods' statuses say it. Ready
+        // only while every killed pod runs again.
+        None if !observed.oom_kills.is_empty() => {
+            let message = oom_message(observed.oom_kills);
+            let ready = if observed.oom_kills.iter().any(|kill| kill.down) {
+                NewCondition::new(READY, false, OOM_KILLED, message.clone())
             } else {
-                rollout_condition(observed)
+                progress_condition(observed, index_ready)
             };
+            (
+                ready,
+                NewCondition::new(DEGRADED, true, OOM_KILLED, message),
+            )
+        }
+        None => {
+            let ready = progress_condition(observed, index_ready);
             // The relay still runs while VACUUM is blocked: Degraded, not un-Ready.
             let degraded = match status.table_health.as_ref().filter(|h| h.vacuum_blocked) {
                 Some(health) => NewCondition::new(
@@ -107,6 +115,20 @@ pub fn healthy_status(
     set_condition(&mut status.conditions, ready, generation, now);
     set_condition(&mut status.conditions, degraded, generation, now);
     status
+}
+
+/// Ready as far as the migration and the rollout have got.
+fn progress_condition(observed: &Observation<'_>, index_ready: bool) -> NewCondition {
+    if index_ready {
+        rollout_condition(observed)
+    } else {
+        NewCondition::new(
+            READY,
+            false,
+            "MigrationPending",
+            format!("waiting for the migration of table {}", observed.table),
+        )
+    }
 }
 
 /// `pod orders-7f9c (1 of 1 reporting): exchange x does not exist on vhost /: declare it, ...`
@@ -358,6 +380,7 @@ mod tests {
             selector: "a=b".into(),
             scaling: manual(),
             vacuum_blocked_after: Duration::from_secs(600),
+            oom_kills: &[],
         }
     }
 
@@ -423,6 +446,45 @@ mod tests {
         d.metadata.generation = Some(3);
         let status = healthy_status(None, &observe(&migrated, &d, 1), at(10));
         assert_eq!(condition(&status, READY), ("False", "Progressing"));
+    }
+
+    fn oom_kill(down: bool) -> OomKill {
+        OomKill {
+            pod: "orders-a".into(),
+            limit: Some("32Mi".into()),
+            restarts: 2,
+            down,
+        }
+    }
+
+    #[test]
+    fn an_oom_killed_pod_that_is_down_makes_the_relay_not_ready_and_degraded() {
+        let migrated = report(IndexAction::AlreadyValid);
+        let d = deployment(1, 0);
+        let kills = [oom_kill(true)];
+        let observed = Observation {
+            oom_kills: &kills,
+            ..observe(&migrated, &d, 1)
+        };
+        let status = healthy_status(None, &observed, at(10));
+        assert_eq!(condition(&status, READY), ("False", OOM_KILLED));
+        assert_eq!(condition(&status, DEGRADED), ("True", OOM_KILLED));
+        let ready = conditions::find(&status.conditions, READY).unwrap();
+        assert!(ready.message.contains("32Mi"), "{}", ready.message);
+    }
+
+    #[test]
+    fn a_pod_running_again_after_an_oom_kill_leaves_ready_to_the_rollout() {
+        let migrated = report(IndexAction::AlreadyValid);
+        let d = deployment(1, 1);
+        let kills = [oom_kill(false)];
+        let observed = Observation {
+            oom_kills: &kills,
+            ..observe(&migrated, &d, 1)
+        };
+        let status = healthy_status(None, &observed, at(10));
+        assert_eq!(condition(&status, READY), ("True", "Available"));
+        assert_eq!(condition(&status, DEGRADED), ("True", OOM_KILLED));
     }
 
     #[test]

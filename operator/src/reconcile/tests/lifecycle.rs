@@ -117,6 +117,7 @@ fn settled_relay(generation: i64) -> (OutboxRelay, serde_json::Value) {
         selector: crate::reconcile::build::selector_string(&relay),
         scaling: &scaling,
         vacuum_blocked_after: plan.vacuum_blocked_after,
+        oom_kills: &[],
     };
     relay.status = Some(healthy_status(None, &observation, Timestamp::now()));
     (relay, live)

@@ -3,6 +3,7 @@
 
 mod failures;
 mod lifecycle;
+mod oom_kills;
 mod scaling;
 mod scenario;
 mod table_health;

@@ -22,6 +22,8 @@ use crate::test_support::{LEAK_CANARY, database_url_with_canary, sample_relay, s
 
 const SECRETS: &str = "/api/v1/namespaces/shop/secrets";
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/shop/deployments/orders";
+/// The relay's pods are listed (by label selector) after the Deployment is read.
+const PODS: &str = "/api/v1/namespaces/shop/pods";
 const STATUS: &str = "/apis/outboxrelay.io/v1alpha1/namespaces/shop/outboxrelays/orders/status";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
 /// The versions of the fixtures' two Secrets, as the pipeline fingerprints them.
@@ -118,17 +120,29 @@ impl Scenario {
         })
     }
 
-    /// The Deployment is read; it does not exist.
+    /// The Deployment is read; it does not exist (nor do pods).
     pub fn finds_no_deployment(self) -> Self {
         self.expect(Step::get(
             DEPLOYMENT,
             Reply::not_found("deployments.apps", "orders"),
         ))
+        .finds_pods(Vec::new())
     }
 
-    /// The Deployment is read; the API server has `live`.
+    /// The Deployment is read; the API server has `live`, and its pods are all well.
     pub fn finds_deployment(self, live: Value) -> Self {
+        self.finds_deployment_with_pods(live, Vec::new())
+    }
+
+    /// The Deployment is read, then its pods: `pods`.
+    pub fn finds_deployment_with_pods(self, live: Value, pods: Vec<Value>) -> Self {
         self.expect(Step::get(DEPLOYMENT, Reply::ok(live)))
+            .finds_pods(pods)
+    }
+
+    fn finds_pods(self, pods: Vec<Value>) -> Self {
+        let list = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods});
+        self.expect(Step::get(PODS, Reply::ok(list)))
     }
 
     /// The Deployment is applied, checked, and served back at `generation` with its replicas

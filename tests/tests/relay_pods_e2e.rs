@@ -1,0 +1,217 @@
+//! What the kubelet does to relay pods, through the operator, on the real node (tests/src/node):
+//! two pods of one relay each get an address of their own and serve `/metrics` there; `kubectl
+//! logs deploy/…` reads them through the API server; a hung relay is restarted by its liveness
+//! probe and relays again; a pod removed by a scale-down gets SIGTERM and exits on its own
+//! within its grace period (exit code 0, not the SIGKILL's 137); and a relay over its memory
+//! limit is OOM-killed by the kernel, which the OutboxRelay's status says (reason OOMKilled,
+//! naming the limit and the field to raise) until the limit is raised.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use lapin::ExchangeKind;
+use outbox_operator::crd::OutboxRelaySpec;
+use outbox_tests::cluster::{TestCluster, relay_spec};
+use outbox_tests::history::History;
+use outbox_tests::{broker, db, http, unique, wait};
+use serde_json::json;
+
+/// How long a step the kubelet takes may last on a loaded 2-core machine (the liveness probe
+/// alone needs 3 × 10 s to give up on a hung relay).
+const KUBELET_STEP: Duration = Duration::from_secs(120);
+
+fn spec_with(table: &str, exchange: &str, relay: serde_json::Value) -> OutboxRelaySpec {
+    let mut spec = serde_json::to_value(relay_spec(table, exchange)).unwrap();
+    for (key, value) in relay.as_object().unwrap() {
+        spec["relay"][key] = value.clone();
+    }
+    if let Some(replicas) = relay.get("replicas") {
+        spec["replicas"] = replicas.clone();
+        spec["relay"].as_object_mut().unwrap().remove("replicas");
+    }
+    serde_json::from_value(spec).expect("the spec deserializes")
+}
+
+fn container_status(pod: &Pod) -> Option<k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status.clone()?.container_statuses?.first().cloned()
+}
+
+async fn wait_until<F, Fut>(what: &str, cluster: &TestCluster, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let held = wait::holds(what, KUBELET_STEP, check).await;
+    assert!(
+        held,
+        "{what}: not within {KUBELET_STEP:?}\n{}",
+        cluster.operator.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn relay_pods_get_addresses_logs_liveness_restarts_and_a_graceful_scale_down() {
+    let name = unique("e2e_pods");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 0).await;
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let cluster = TestCluster::start().await;
+    let relay = name.replace('_', "-");
+    let spec = spec_with(&name, &name, json!({"replicas": 2}));
+    cluster.create_relay(&relay, spec).await;
+    cluster.wait_for_ready(&relay, "True", "").await;
+
+    // Two pods, two addresses on the node's pod network, each serving its own /metrics.
+    let pods = cluster.running_pods(&relay);
+    assert_eq!(pods.len(), 2, "{pods:?}");
+    let mut addresses = Vec::new();
+    for pod in &pods {
+        let ip = cluster
+            .pods
+            .get(pod)
+            .and_then(|p| p.status.clone()?.pod_ip)
+            .unwrap_or_else(|| panic!("{pod} has no IP"));
+        assert!(ip.starts_with("10.244."), "{pod} at {ip}");
+        let (code, body) = http::get(&format!("{ip}:9090"), "/metrics").await;
+        assert!(
+            code == 200 && body.contains("outbox_"),
+            "{pod} at {ip}: {code}"
+        );
+        addresses.push(ip);
+    }
+    assert_ne!(addresses[0], addresses[1]);
+
+    // The relay's log, through the API server and the kubelet.
+    let logs = cluster
+        .plane
+        .kubectl_ok(&["-n", &cluster.namespace, "logs", &format!("deploy/{relay}")])
+        .unwrap();
+    assert!(logs.contains("relaying"), "{logs}");
+
+    // A hung relay: its liveness probe fails, the kubelet restarts the container, and it relays
+    // again.
+    let hung = pods[0].clone();
+    cluster.freeze_pod(&hung).await;
+    wait_until("the kubelet restarts the hung relay", &cluster, || async {
+        let status = cluster
+            .pods
+            .get(&hung)
+            .as_deref()
+            .and_then(container_status);
+        status.is_some_and(|s| s.restart_count >= 1 && s.ready)
+    })
+    .await;
+    outbox_relay::tools::seed::copy_rows(&mut conn, &table, 1_000, 50, |_| {})
+        .await
+        .unwrap();
+    assert!(
+        db::wait_until_drained(&table, KUBELET_STEP).await,
+        "rows still pending"
+    );
+    assert_eq!(
+        consumer.wait_for(1_000, Duration::from_secs(60)).await,
+        1_000
+    );
+    assert_eq!(consumer.distinct(), 1_000);
+
+    // A scale-down: the pod that goes gets SIGTERM and exits by itself, within its grace.
+    let pods_api: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let histories: Vec<(String, History)> = cluster
+        .running_pods(&relay)
+        .into_iter()
+        .map(|pod| (pod.clone(), History::record(pods_api.clone(), &pod)))
+        .collect();
+    cluster
+        .relays()
+        .patch(
+            &relay,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .unwrap();
+    wait_until("one relay pod is left", &cluster, || async {
+        cluster.running_pods(&relay).len() == 1
+            && histories
+                .iter()
+                .any(|(pod, _)| cluster.pods.get(pod).is_none())
+    })
+    .await;
+    let (removed, history) = histories
+        .iter()
+        .find(|(pod, _)| cluster.pods.get(pod).is_none())
+        .expect("a pod was removed");
+    let exit_codes: Vec<i64> = history
+        .versions()
+        .iter()
+        .filter_map(|(_, pod)| {
+            pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"].as_i64()
+        })
+        .collect();
+    assert!(
+        !exit_codes.is_empty() && exit_codes.iter().all(|code| *code == 0),
+        "{removed} ended with exit codes {exit_codes:?}, not 0 after SIGTERM"
+    );
+
+    consumer.close().await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_over_its_memory_limit_is_oom_killed_and_the_status_names_the_limit() {
+    // 300 rows of 200 kB: one claimed batch holds 60 MB of payloads, above a 48Mi limit.
+    let name = unique("e2e_oom");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 0).await;
+    outbox_relay::tools::seed::copy_rows(&mut conn, &table, 300, 200_000, |_| {})
+        .await
+        .unwrap();
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let cluster = TestCluster::start().await;
+    let relay = name.replace('_', "-");
+    let limited = |memory: &str| json!({"resources": {"requests": {"memory": memory}, "limits": {"memory": memory}}});
+    let spec = spec_with(&name, &name, limited("48Mi"));
+    cluster.create_relay(&relay, spec).await;
+
+    let (_, _, message) = cluster.wait_for_ready(&relay, "False", "OOMKilled").await;
+    assert!(
+        message.contains("48Mi") && message.contains("spec.relay.resources.limits.memory"),
+        "{message}"
+    );
+    let events = cluster.events(&relay).await;
+    assert!(
+        events.iter().any(|(reason, _)| reason == "OOMKilled"),
+        "{events:?}"
+    );
+
+    // The fix the message names: the relay drains the table and the condition clears.
+    let patch = json!({"spec": {"relay": limited("512Mi")}});
+    cluster
+        .relays()
+        .patch(&relay, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+    assert!(
+        db::wait_until_drained(&table, KUBELET_STEP).await,
+        "rows still pending after the limit was raised"
+    );
+    assert_eq!(consumer.wait_for(300, Duration::from_secs(60)).await, 300);
+    cluster.wait_for_ready(&relay, "True", "").await;
+    let relay_object = cluster.relays().get(&relay).await.unwrap();
+    let degraded = relay_object
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Degraded")
+        .unwrap();
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("False", "AsExpected")
+    );
+
+    consumer.close().await;
+    cluster.shutdown().await;
+}
