@@ -1,12 +1,14 @@
 //! A namespace of its own on the real control plane, set up as a user would: the operator chart
-//! `helm install`ed into it (namespaced mode, watching that namespace), the operator running as
-//! a process with a token of the chart's ServiceAccount (so the chart's RBAC decides every
-//! request it makes), the relay pods run by the real node (kubelet, containerd, the project's
-//! image; shared by the test binary's namespaces), and the connection Secrets pointing at the
-//! local PostgreSQL and RabbitMQ on the address pods reach them at.
+//! `helm install`ed into it (namespaced mode, watching that namespace) with its operator
+//! Deployment running as shipped, on the real node (kubelet, containerd, the project's image;
+//! shared by the test binary's namespaces) with the chart's ServiceAccount (so the chart's RBAC
+//! decides every request it makes) and in-cluster credentials; the relay pods on the same node;
+//! and the connection Secrets pointing at the local PostgreSQL and RabbitMQ on the address pods
+//! reach them at. Only the operator's timings are a test's (retries and resyncs short, text
+//! logs), through the chart's `extraArgs` and `logFormat`.
 //!
-//! The chart's own operator Deployment is installed with zero replicas, so exactly one operator
-//! runs: the process started here.
+//! [`OperatorProcess`] runs the operator as a process instead, for the tests that start and
+//! kill operators themselves (leader election, the chart's install modes).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use outbox_operator::{OutboxRelay, OutboxRelaySpec};
 use serde_json::json;
@@ -44,7 +46,7 @@ pub struct TestCluster {
     pub node: &'static Node,
     /// The namespace's pods as the kubelet reports them.
     pub pods: PodWatch,
-    pub operator: OperatorProcess,
+    pub operator: OperatorPod,
     histories: std::sync::Mutex<BTreeMap<String, History>>,
     /// Zero on the clock of [`Self::versions_of`], [`Self::clock`] and the pod timeline.
     origin: chrono::DateTime<chrono::Utc>,
@@ -52,8 +54,8 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    /// A fresh namespace with the chart installed, the Secrets, a watch on its pods and the
-    /// operator (retries and resyncs short, as a test needs), on the shared node.
+    /// A fresh namespace with the chart installed and its operator pod ready, the Secrets and
+    /// a watch on its pods, on the shared node.
     pub async fn start() -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -67,15 +69,14 @@ impl TestCluster {
         plane
             .create_namespace(&namespace)
             .expect("create the namespace");
-        install_chart(plane, &namespace, &[]).expect("helm install the operator chart");
         let client = plane.admin_client().await.expect("an admin client");
         create_connection_secrets(&client, &namespace).await;
+        let operator = OperatorPod::install(plane, &namespace)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let origin = chrono::Utc::now();
         let started = Instant::now();
         let pods = PodWatch::start(Api::namespaced(client.clone(), &namespace), origin);
-        let operator = OperatorProcess::start(plane, &namespace, &namespace, "operator", &[])
-            .await
-            .expect("the operator starts");
         Self {
             plane,
             namespace,
@@ -258,7 +259,7 @@ impl TestCluster {
     /// kubelet stops its pods with SIGTERM). Fails the test if the operator was ever denied a
     /// request.
     pub async fn shutdown(self) {
-        self.operator.stop().await;
+        self.operator.stop(&self.client).await;
         let denied = denials(self.plane, &self.namespace, OPERATOR_NAME);
         let _ =
             self.plane
@@ -271,7 +272,8 @@ impl TestCluster {
 }
 
 /// `helm install` of the chart into `namespace`, watching `namespace` only, with zero operator
-/// pods (the test runs the operator as a process), plus `extra` `--set` values.
+/// pods (the test runs the operator as a process, [`OperatorProcess`]), plus `extra` `--set`
+/// values.
 pub fn install_chart(
     plane: &ControlPlane,
     namespace: &str,
@@ -316,6 +318,78 @@ pub fn denials(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String>
         .collect()
 }
 
+/// The timings of a test's operator, as `outbox-operator run` flags: retries and resyncs
+/// short, so a test sees a fix within seconds.
+const TEST_OPERATOR_ARGS: [&str; 6] = [
+    "--retry-base",
+    "500ms",
+    "--retry-max",
+    "5s",
+    "--resync-interval",
+    "30s",
+];
+
+/// The chart's operator Deployment in a test's namespace: one pod on the node, as shipped but
+/// for [`TEST_OPERATOR_ARGS`] (the chart's `extraArgs`) and text logs.
+pub struct OperatorPod {
+    plane: &'static ControlPlane,
+    namespace: String,
+}
+
+impl OperatorPod {
+    /// `helm install`s the chart into `namespace`, watching it, and waits (helm's `--wait`)
+    /// for the operator pod to be ready.
+    pub async fn install(plane: &'static ControlPlane, namespace: &str) -> anyhow::Result<Self> {
+        let set = vec![
+            format!("fullnameOverride={OPERATOR_NAME}"),
+            format!("watchNamespaces={{{namespace}}}"),
+            "logFormat=text".to_string(),
+            format!("extraArgs={{{}}}", TEST_OPERATOR_ARGS.join(",")),
+        ];
+        let release_namespace = namespace.to_string();
+        tokio::task::spawn_blocking(move || {
+            helm::install(plane, OPERATOR_NAME, &release_namespace, &set)
+        })
+        .await??;
+        Ok(Self {
+            plane,
+            namespace: namespace.to_string(),
+        })
+    }
+
+    /// The operator's log, through the API server (`kubectl logs`), or why it cannot be read.
+    pub fn log_text(&self) -> String {
+        let deployment = format!("deploy/{OPERATOR_NAME}");
+        let args = ["-n", &self.namespace, "logs", &deployment, "--tail=-1"];
+        match self.plane.kubectl_output(&args) {
+            Ok((true, stdout, _)) => format!("--- operator log ---\n{stdout}"),
+            Ok((false, _, stderr)) => format!("(no operator log: {})", stderr.trim()),
+            Err(error) => format!("(no operator log: {error:#})"),
+        }
+    }
+
+    /// Scales the operator to zero and waits (at most 30 s) until its pod is gone.
+    async fn stop(&self, client: &Client) {
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &self.namespace);
+        let scale = json!({"spec": {"replicas": 0}});
+        let _ = deployments
+            .patch(
+                OPERATOR_NAME,
+                &PatchParams::default(),
+                &Patch::Merge(&scale),
+            )
+            .await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &self.namespace);
+        let selector = ListParams::default().labels("app.kubernetes.io/name=outbox-relay-operator");
+        let _ = crate::wait::until(
+            "the operator pod is gone",
+            Duration::from_secs(30),
+            || async { pods.list(&selector).await.is_ok_and(|l| l.items.is_empty()) },
+        )
+        .await;
+    }
+}
+
 /// `outbox-operator run` as its own process, authenticated with a token of the chart's
 /// ServiceAccount, exactly as the pod would be but for the credentials' path.
 pub struct OperatorProcess {
@@ -356,14 +430,7 @@ impl OperatorProcess {
             command.arg("--leader-election=false");
         }
         command
-            .args([
-                "--retry-base",
-                "500ms",
-                "--retry-max",
-                "5s",
-                "--resync-interval",
-                "30s",
-            ])
+            .args(TEST_OPERATOR_ARGS)
             .args(extra)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env("KUBECONFIG", &kubeconfig)

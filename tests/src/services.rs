@@ -18,8 +18,13 @@ pub const SERVICES_INTERFACE: &str = "outbox-services";
 /// Fails with the fix when the host does not have [`SERVICES_ADDRESS`] (services.sh not run
 /// since the machine started).
 pub fn check_address() -> anyhow::Result<()> {
+    free_port().map(drop)
+}
+
+/// A port free on [`SERVICES_ADDRESS`] now; fails with the fix when the host lacks the address.
+pub fn free_port() -> anyhow::Result<u16> {
     match std::net::TcpListener::bind((SERVICES_ADDRESS, 0)) {
-        Ok(_) => Ok(()),
+        Ok(listener) => Ok(listener.local_addr()?.port()),
         Err(error) => anyhow::bail!(
             "the host has no address {SERVICES_ADDRESS} (interface {SERVICES_INTERFACE}), where the node, its pods and the API server meet: run ./scripts/services.sh ({error})"
         ),

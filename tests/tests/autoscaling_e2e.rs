@@ -1,7 +1,7 @@
 //! The autoscaling loop end to end on the real control plane: kube-apiserver, etcd and
-//! kube-controller-manager, the chart installed with helm, the operator as a process with the
-//! chart's ServiceAccount token, the real node (kube-scheduler, kubelet, containerd) running
-//! the relay pods from the project's image, the real PostgreSQL and RabbitMQ. Intervals are short so a scenario takes a minute or less; assertions are about
+//! kube-controller-manager, the chart installed with helm, its operator pod and the relay pods
+//! on the real node (kube-scheduler, kubelet, containerd, the project's image), the real
+//! PostgreSQL and RabbitMQ. Intervals are short so a scenario takes a minute or less; assertions are about
 //! what happens and in which order, with generous timeouts for a loaded machine. The one timed
 //! claim is the issue's: the spike's replicas within one polling interval of the report that
 //! showed it.

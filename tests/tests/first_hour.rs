@@ -272,7 +272,7 @@ async fn a_users_first_hour_with_kubectl() {
                     "name",
                 ])
                 .unwrap();
-            // The chart's own (zero-replica) operator Deployment stays, of course.
+            // The chart's own operator (Deployment, ReplicaSet, pod) stays, of course.
             let relay_objects = out.lines().filter(|l| !l.contains(OPERATOR_NAME)).count();
             relay_objects == 0 && cluster.running_pods("orders").is_empty()
         },

@@ -120,10 +120,7 @@ impl ControlPlane {
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
         // On the services address, where the node and its pods reach it too.
-        crate::services::check_address()?;
-        let api_port = TcpListener::bind((SERVICES_ADDRESS, 0))?
-            .local_addr()?
-            .port();
+        let api_port = crate::services::free_port()?;
         let server = format!("https://{SERVICES_ADDRESS}:{api_port}");
         let kubeconfig = dir.join("admin.kubeconfig");
         kubeconfig::write_certificate(&kubeconfig, &server, &certs)?;
