@@ -173,7 +173,8 @@ ROOT = os.environ.get("ROOT", ".")
 VERSION = os.environ.get("CRATE_VERSION", "")
 IMAGE = f"ghcr.io/outbox-relay/outbox-relay:{VERSION}"
 
-# The operator's RBAC contract (operator/CONTRACT.md): exactly these, nothing else.
+# The operator's RBAC contract (the README's table under "Install the operator with Helm"):
+# exactly these, nothing else.
 NAMESPACED_RULES = {
     ("outboxrelay.io", "outboxrelays"): {"get", "list", "watch", "patch", "update"},
     ("outboxrelay.io", "outboxrelays/status"): {"get", "patch", "update"},
@@ -181,6 +182,7 @@ NAMESPACED_RULES = {
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
     ("", "secrets"): {"get", "list", "watch"},
     ("", "configmaps"): {"get", "list", "watch"},
+    ("", "pods"): {"list"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 LEASE_RULES = {("coordination.k8s.io", "leases"): {"get", "create", "update", "patch"}}

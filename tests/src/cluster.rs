@@ -1,4 +1,5 @@
-//! A namespace of its own on the real control plane, set up as a user would: the operator chart
+//! A namespace of its own on the real control plane (enforcing the restricted Pod Security
+//! profile), set up as a user would: the operator chart
 //! `helm install`ed into it (namespaced mode, watching that namespace) with its operator
 //! Deployment running as shipped, on the real node (kubelet, containerd, the project's image;
 //! shared by the test binary's namespaces) with the chart's ServiceAccount (so the chart's RBAC
@@ -69,6 +70,16 @@ impl TestCluster {
         plane
             .create_namespace(&namespace)
             .expect("create the namespace");
+        // The API server itself refuses any pod of the chart or the operator that breaks the
+        // restricted profile.
+        plane
+            .kubectl_ok(&[
+                "label",
+                "namespace",
+                &namespace,
+                "pod-security.kubernetes.io/enforce=restricted",
+            ])
+            .expect("label the namespace restricted");
         let client = plane.admin_client().await.expect("an admin client");
         create_connection_secrets(&client, &namespace).await;
         let operator = OperatorPod::install(plane, &namespace)

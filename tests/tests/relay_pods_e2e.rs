@@ -1,8 +1,9 @@
 //! What the kubelet does to relay pods, through the operator, on the real node (tests/src/node):
 //! two pods of one relay each get an address of their own and serve `/metrics` there; `kubectl
 //! logs deploy/…` reads them through the API server; a hung relay is restarted by its liveness
-//! probe and relays again; a pod removed by a scale-down gets SIGTERM and exits on its own
-//! within its grace period (exit code 0, not the SIGKILL's 137); and a relay over its memory
+//! probe and relays again; a pod removed by a scale-down while rows flow gets SIGTERM and exits
+//! on its own within its grace period (exit code 0, not the SIGKILL's 137), no message sent
+//! twice; and a relay over its memory
 //! limit is OOM-killed by the kernel, which the OutboxRelay's status says (reason OOMKilled,
 //! naming the limit and the field to raise) until the limit is raised.
 
@@ -116,7 +117,11 @@ async fn relay_pods_get_addresses_logs_liveness_restarts_and_a_graceful_scale_do
     );
     assert_eq!(consumer.distinct(), 1_000);
 
-    // A scale-down: the pod that goes gets SIGTERM and exits by itself, within its grace.
+    // A scale-down while rows flow: the pod that goes gets SIGTERM and exits by itself, within
+    // its grace, having settled what it published: no message twice.
+    outbox_relay::tools::seed::copy_rows(&mut conn, &table, 3_000, 50, |_| {})
+        .await
+        .unwrap();
     let pods_api: Api<Pod> = Api::namespaced(cluster.client.clone(), &cluster.namespace);
     let histories: Vec<(String, History)> = cluster
         .running_pods(&relay)
@@ -154,6 +159,30 @@ async fn relay_pods_get_addresses_logs_liveness_restarts_and_a_graceful_scale_do
         !exit_codes.is_empty() && exit_codes.iter().all(|code| *code == 0),
         "{removed} ended with exit codes {exit_codes:?}, not 0 after SIGTERM"
     );
+    assert!(
+        db::wait_until_drained(&table, KUBELET_STEP).await,
+        "rows still pending after the scale-down"
+    );
+    assert_eq!(
+        consumer.wait_for(4_000, Duration::from_secs(60)).await,
+        4_000
+    );
+    assert_eq!(consumer.distinct(), 4_000);
+    assert!(
+        consumer.duplicates().is_empty(),
+        "{:?}",
+        consumer.duplicates()
+    );
+    // With no memory limit (the default), nothing was OOM-killed.
+    let relay_object = cluster.relays().get(&relay).await.unwrap();
+    let reasons: Vec<String> = relay_object
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .map(|c| c.reason)
+        .collect();
+    assert!(!reasons.iter().any(|r| r == "OOMKilled"), "{reasons:?}");
 
     consumer.close().await;
     cluster.shutdown().await;
