@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
+.PHONY: node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
 
 all: build
 
@@ -33,6 +33,10 @@ release:
 services:
 	./scripts/services.sh
 
+## node-check: the machine can run the tests' Kubernetes node (root, cgroup v1), said at once.
+node-check:
+	@./scripts/node-check.sh
+
 ## image-tools: buildah, umoci, runc, containerd, the CNI plugins and iptables from Debian's
 ## packages, when missing (the image, and the tests' Kubernetes node).
 image-tools:
@@ -42,9 +46,10 @@ image-tools:
 demo: services release
 	RELAY='$(BIN_DIR)/outbox-relay' ./scripts/demo.sh
 
-## test: everything CI runs: the control plane's build first (it says at once when Go is
-## missing), then lint, the tests, the chart check, the smoke runs and the fuzz run.
-test: control-plane services image-tools lint test-rust chart-check bench-smoke chaos-smoke fuzz
+## test: everything CI runs: first what the machine lacks (root, cgroups for the node; Go for
+## the control plane's build), then lint, the tests, the PostgreSQL matrix, the chart check, the
+## smoke runs and the fuzz run.
+test: node-check control-plane services image-tools lint test-rust chart-check bench-smoke chaos-smoke fuzz
 
 ## control-plane: build etcd, kube-apiserver, kube-controller-manager and kubectl for the tests
 ## (once; cached under ~/.cache/outbox-relay/control-plane, keyed by its inputs).
@@ -59,6 +64,8 @@ test-rust:
 	DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres' $(CARGO) test --workspace --release --test postgres_database
 	@leftover=$$(psql -h 127.0.0.1 -U postgres -d postgres -Atc "select count(*) from pg_namespace where nspname like 's\_%'"); \
 	  [ "$$leftover" = 0 ] || { echo "the operator's database tests left $$leftover schemas in database postgres" >&2; exit 1; }
+	@# The tests that touch PostgreSQL's behaviour, against every other major services.sh runs.
+	CARGO='$(CARGO)' ./scripts/postgres-matrix.sh
 
 ## lint: formatting, clippy with warnings denied, and no import circle between either crate's modules.
 lint: module-check

@@ -123,6 +123,21 @@ pub async fn run_relay_command(args: &[&str]) -> (i32, String, String) {
     run_relay_command_with_env(args, &[]).await
 }
 
+/// `outbox-relay migrate --table <table> --notify` against the test's database: the migration
+/// with the trigger that wakes LISTENing relays.
+pub async fn migrate_with_notify(table: &str) -> (i32, String, String) {
+    let url = crate::database_url();
+    run_relay_command(&[
+        "migrate",
+        "--database-url",
+        &url,
+        "--table",
+        table,
+        "--notify",
+    ])
+    .await
+}
+
 /// Like [`run_relay_command`], with these environment variables set (and no inherited
 /// `DATABASE_URL`/`AMQP_URL` unless given here).
 pub async fn run_relay_command_with_env(

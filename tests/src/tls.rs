@@ -37,10 +37,19 @@ pub fn file(name: &str) -> String {
     path.display().to_string()
 }
 
-/// A URL of the main server (127.0.0.1:5432, database `test`) for `user` with `password`
-/// (percent-encoded here) and these query parameters.
+/// A URL of the server `DATABASE_URL` names (the main one, 127.0.0.1:5432, database `test`,
+/// unless the version matrix points it at another major set up the same way) for `user` with
+/// `password` (percent-encoded here) and these query parameters.
 pub fn url(user: &str, password: Option<&str>, params: &[(&str, &str)]) -> String {
-    url_on("127.0.0.1", 5432, "test", user, password, params)
+    let main = url::Url::parse(&crate::database_url()).expect("DATABASE_URL is a URL");
+    url_on(
+        main.host_str().expect("DATABASE_URL names a host"),
+        main.port().unwrap_or(5432),
+        main.path().trim_start_matches('/'),
+        user,
+        password,
+        params,
+    )
 }
 
 pub fn url_on(

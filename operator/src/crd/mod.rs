@@ -692,6 +692,9 @@ pub struct OutboxRelayStatus {
     /// What keeps VACUUM from cleaning the outbox table, as last measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table_health: Option<TableHealthStatus>,
+    /// The PostgreSQL server's version (e.g. `16.4`), as last measured with the table's health.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_version: Option<String>,
     /// Ready, IndexReady, ScalingActive, ScalingLimited and Degraded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]

@@ -60,6 +60,9 @@ pub fn healthy_status(
         .and_then(|lag| lag.table_health.as_ref())
     {
         status.table_health = Some(table_health_status(health, observed.vacuum_blocked_after));
+        if let Some(version) = health.server_version() {
+            status.postgres_version = Some(version);
+        }
     }
     let (active, limited) = scaling_conditions(observed.scaling);
     set_condition(&mut status.conditions, active, generation, now);

@@ -113,6 +113,7 @@ mod tests {
             pending_index_bytes: Some(16_384),
             server_autovacuum: true,
             table_autovacuum: true,
+            server_version_num: Some(170_002),
         }
     }
 

@@ -50,6 +50,7 @@ pub async fn command(args: LagArgs) -> ExitCode {
         Ok((backlog, health)) if args.json => {
             let value = serde_json::json!({
                 "table": config.table.name.to_string(),
+                "serverVersion": health.server_version(),
                 "backlog": backlog.pending,
                 "backlogCapped": backlog.capped,
                 "oldestAgeSeconds": backlog.oldest_age_seconds,
@@ -73,6 +74,9 @@ fn print_text(table: &str, backlog: &Backlog, health: &TableHealth) {
         ""
     };
     println!("table: {table}");
+    if let Some(version) = health.server_version() {
+        println!("server: PostgreSQL {version}");
+    }
     println!("backlog: {}{more}", backlog.pending);
     match backlog.oldest_age_seconds {
         Some(age) => println!("oldest pending age: {age:.1} s"),

@@ -41,12 +41,23 @@ pub struct TableHealth {
     pub server_autovacuum: bool,
     /// `autovacuum_enabled` is not set to false on the table.
     pub table_autovacuum: bool,
+    /// The server's `server_version_num`, e.g. 160004 for 16.4; `None` in a report written by an
+    /// older relay, or when the table was gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_version_num: Option<i32>,
 }
 
 impl TableHealth {
     /// The horizon's age in seconds, 0 when nothing holds it.
     pub fn horizon_age_seconds(&self) -> f64 {
         self.horizon.as_ref().map_or(0.0, |h| h.age_seconds)
+    }
+
+    /// The server's version as people write it (`16.4`, `13.23`), from `server_version_num`:
+    /// `SHOW server_version` may carry a packager's suffix (`15.18 (Debian 15.18-0+deb12u1)`).
+    pub fn server_version(&self) -> Option<String> {
+        self.server_version_num
+            .map(|n| format!("{}.{}", n / 10_000, n % 10_000))
     }
 
     /// The holder, when this role may not see its state and start time.
@@ -223,6 +234,7 @@ struct StatsRow {
     pending_index_bytes: Option<i64>,
     server_autovacuum: bool,
     table_autovacuum: bool,
+    server_version_num: Option<i32>,
 }
 
 /// Measures the health of `table` now. `clock` dates holders PostgreSQL does not date.
@@ -281,7 +293,8 @@ pub async fn measure_table_health_with(
                    WHERE i.indrelid = c.oid AND ic.relname = ANY($2)) AS pending_index_bytes, \
                 {SERVER_AUTOVACUUM_SQL} AS server_autovacuum, \
                 coalesce((SELECT option_value::bool FROM pg_options_to_table(c.reloptions) \
-                          WHERE option_name = 'autovacuum_enabled'), true) AS table_autovacuum \
+                          WHERE option_name = 'autovacuum_enabled'), true) AS table_autovacuum, \
+                current_setting('server_version_num')::int AS server_version_num \
          FROM pg_class c LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid \
          WHERE c.oid = to_regclass($1)"
     );
@@ -299,6 +312,7 @@ pub async fn measure_table_health_with(
         pending_index_bytes: None,
         server_autovacuum: false,
         table_autovacuum: false,
+        server_version_num: None,
     });
     Ok(TableHealth {
         horizon,
@@ -308,12 +322,37 @@ pub async fn measure_table_health_with(
         pending_index_bytes: stats.pending_index_bytes,
         server_autovacuum: stats.server_autovacuum,
         table_autovacuum: stats.table_autovacuum,
+        server_version_num: stats.server_version_num,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_server_version_reads_as_people_write_it() {
+        let mut health = TableHealth {
+            horizon: None,
+            dead_tuples: None,
+            live_tuples: None,
+            last_vacuum_age_seconds: None,
+            pending_index_bytes: None,
+            server_autovacuum: true,
+            table_autovacuum: true,
+            server_version_num: Some(130_023),
+        };
+        assert_eq!(health.server_version().as_deref(), Some("13.23"));
+        health.server_version_num = Some(180_000);
+        assert_eq!(health.server_version().as_deref(), Some("18.0"));
+        // A report an older relay wrote has no version, and reads back without one.
+        let older: TableHealth = serde_json::from_str(
+            r#"{"horizon":null,"dead_tuples":1,"live_tuples":2,"last_vacuum_age_seconds":null,
+                "pending_index_bytes":null,"server_autovacuum":true,"table_autovacuum":true}"#,
+        )
+        .unwrap();
+        assert_eq!(older.server_version(), None);
+    }
 
     fn holder(kind: HolderKind) -> HorizonHolder {
         HorizonHolder {

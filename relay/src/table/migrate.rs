@@ -8,9 +8,9 @@
 //! - migrations are serialised with `pg_try_advisory_lock`, never the blocking form, which
 //!   deadlocks with a concurrent index build; a busy lock is reported so the caller retries.
 
-use sqlx::{AssertSqlSafe, PgConnection};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
-use crate::table::ident::Ident;
+use crate::table::ident::{Ident, TableName};
 use crate::table::inspect::{InspectError, TableShape, inspect};
 use crate::table::outbox::OutboxTable;
 
@@ -269,26 +269,7 @@ async fn migrate_locked(
         }
     };
 
-    let reports = table.reports_table();
-    let reports_existed: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(reports.quoted())
-        .fetch_one(&mut *conn)
-        .await?;
-    if reports_existed {
-        run_alone(
-            conn,
-            "upgrade report table",
-            crate::table::reports::upgrade_table_sql(&reports),
-        )
-        .await?;
-    } else {
-        run_alone(
-            conn,
-            "create report table",
-            crate::table::reports::create_table_sql(&reports),
-        )
-        .await?;
-    }
+    let reports_created = ensure_reports_table(conn, &table.reports_table()).await?;
 
     let autovacuum_changed = !options.skip_autovacuum && apply_autovacuum(conn, table).await?;
 
@@ -301,11 +282,47 @@ async fn migrate_locked(
     Ok(MigrationReport {
         index_name: index.to_string(),
         index: action,
-        reports_table_created: !reports_existed,
+        reports_table_created: reports_created,
         autovacuum_changed,
         notify_installed: options.notify,
         server_autovacuum_off: !shape.server_autovacuum,
     })
+}
+
+/// Creates the report table, or brings one made by an earlier version up to date; true when it
+/// was created. The table is shared by every outbox table of its schema while the migration's
+/// advisory lock is per outbox table, so the first migrations of a fresh schema would race on
+/// `CREATE TABLE IF NOT EXISTS` (the loser fails on pg_type's unique index). A transaction-level
+/// lock on the report table's name serialises just this step: it holds no table lock another
+/// session waits on, and is over in milliseconds.
+async fn ensure_reports_table(
+    conn: &mut PgConnection,
+    reports: &TableName,
+) -> Result<bool, MigrateError> {
+    let step = "create or upgrade report table";
+    let failed = |source: sqlx::Error| MigrateError::Statement { step, source };
+    let mut tx = conn.begin().await.map_err(failed)?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!("outbox-relay:reports:{}", reports.quoted()))
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    let existed: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(reports.quoted())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(failed)?;
+    let sql = if existed {
+        crate::table::reports::upgrade_table_sql(reports)
+    } else {
+        crate::table::reports::create_table_sql(reports)
+    };
+    sqlx::raw_sql(AssertSqlSafe(sql))
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    tx.commit().await.map_err(failed)?;
+    Ok(!existed)
 }
 
 /// Sets [`QUEUE_AUTOVACUUM`] when the table does not already carry it; true when it changed.
@@ -345,7 +362,8 @@ async fn apply_autovacuum(
 /// insert costs one notification.
 pub fn notify_trigger_sql(table: &OutboxTable) -> Vec<(&'static str, String)> {
     let function = qualified(table, &table.name.derived("outbox_notify"));
-    let trigger = table.name.derived("outbox_notify").quoted();
+    let trigger_name = table.name.derived("outbox_notify");
+    let trigger = trigger_name.quoted();
     let channel = notify_channel(table);
     vec![
         (
@@ -357,10 +375,17 @@ pub fn notify_trigger_sql(table: &OutboxTable) -> Vec<(&'static str, String)> {
         ),
         (
             "create notify trigger",
+            // `CREATE OR REPLACE TRIGGER` is PostgreSQL 14+, and dropping then creating would
+            // take an ACCESS EXCLUSIVE lock on a busy table on every run. The trigger's
+            // definition never changes (the function above is what a new version replaces), so
+            // it is created only when missing; idents have no quote, so they are safe literals.
             format!(
-                "CREATE OR REPLACE TRIGGER {trigger} AFTER INSERT ON {} \
-                 FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
-                table.name.quoted()
+                "DO $do$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_trigger \
+                 WHERE tgrelid = '{table}'::regclass AND tgname = '{name}' AND NOT tgisinternal) \
+                 THEN CREATE TRIGGER {trigger} AFTER INSERT ON {table} \
+                 FOR EACH STATEMENT EXECUTE FUNCTION {function}(); END IF; END $do$",
+                table = table.name.quoted(),
+                name = trigger_name.as_str(),
             ),
         ),
     ]

@@ -24,6 +24,17 @@ async fn lag_prints_backlog_age_and_table_health_as_text_and_json() {
         process::run_relay_command(&["lag", "--database-url", &url, "--table", &name]).await;
     assert_eq!(code, 0, "{err}");
     assert!(text.contains("backlog: 321\n"), "{text}");
+    // The server's own version (the matrix runs this against every major).
+    let number = db::scalar_i64(
+        &mut conn,
+        "SELECT current_setting('server_version_num')::bigint",
+    )
+    .await;
+    let version = format!("{}.{}", number / 10_000, number % 10_000);
+    assert!(
+        text.contains(&format!("server: PostgreSQL {version}\n")),
+        "{text}"
+    );
     assert!(text.contains("oldest pending age: 9"), "{text}");
     // The table's health follows; the shared server's horizon belongs to whoever runs now.
     for line in [
@@ -51,6 +62,7 @@ async fn lag_prints_backlog_age_and_table_health_as_text_and_json() {
     assert_eq!(value["backlogCapped"], true);
     assert!(value["oldestAgeSeconds"].as_f64().unwrap() >= 90.0);
     assert_eq!(value["tableHealth"]["server_autovacuum"], true, "{value}");
+    assert_eq!(value["serverVersion"], version.as_str(), "{value}");
 }
 
 #[tokio::test]
@@ -177,26 +189,28 @@ async fn migrate_says_what_it_did() {
     let name = unique("migcli");
     let table = db::table(&name);
     let _conn = db::seeded_table(&table, 10).await;
-    let url = outbox_tests::database_url();
-    let (code, out, err) = process::run_relay_command(&[
-        "migrate",
-        "--database-url",
-        &url,
-        "--table",
-        &name,
-        "--notify",
-    ])
-    .await;
+    let (code, out, err) = process::migrate_with_notify(&name).await;
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains(&format!("created index {name}_pending_idx")),
         "{out}"
     );
     assert!(out.contains("installed the NOTIFY trigger"), "{out}");
-    let (code, out, _) =
-        process::run_relay_command(&["migrate", "--database-url", &url, "--table", &name]).await;
-    assert_eq!(code, 0);
+    // Again, NOTIFY included: idempotent on every major (no `CREATE OR REPLACE TRIGGER`, which
+    // PostgreSQL 13 lacks), and still one trigger.
+    let (code, out, err) = process::migrate_with_notify(&name).await;
+    assert_eq!(code, 0, "{err}");
     assert!(out.contains("already present and valid"), "{out}");
+    let mut conn = db::connect().await;
+    let triggers = db::scalar_i64(
+        &mut conn,
+        &format!(
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = '{}'::regclass AND NOT tgisinternal",
+            table.name.quoted()
+        ),
+    )
+    .await;
+    assert_eq!(triggers, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

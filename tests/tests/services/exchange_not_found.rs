@@ -333,6 +333,7 @@ async fn a_report_table_from_before_the_problem_columns_keeps_working_and_migrat
             pending_index_bytes: Some(8192),
             server_autovacuum: true,
             table_autovacuum: false,
+            server_version_num: Some(150_018),
         }),
     };
     let stored = upsert_report(&mut conn, &reports, &report).await.unwrap();

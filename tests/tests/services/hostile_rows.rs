@@ -135,7 +135,7 @@ async fn invalid_utf8_in_a_text_payload_is_relayed_and_a_bad_type_is_dead_letter
         &format!("CREATE DATABASE {database} ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"),
     )
     .await;
-    let url = format!("postgres://postgres@127.0.0.1:5432/{database}");
+    let url = outbox_tests::database_url_of(&database);
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
         .await
         .unwrap();

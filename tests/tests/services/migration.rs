@@ -310,3 +310,36 @@ async fn a_slow_index_build_prints_no_slow_statement_warning() {
     assert!(!stderr.contains("slow statement"), "{stderr}");
     assert!(!stderr.contains("WARN"), "{stderr}");
 }
+
+/// The first migrations of several outbox tables in a fresh schema run at once (a team creating
+/// its OutboxRelays together): the report table they share is made once, and no migration
+/// fails on the `CREATE TABLE IF NOT EXISTS` race (a unique violation on pg_type).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn first_migrations_of_a_schemas_tables_at_once_share_one_report_table() {
+    let schema = unique("fresh");
+    let mut admin = db::connect().await;
+    db::exec(&mut admin, &format!("CREATE SCHEMA {schema}")).await;
+    let tables: Vec<OutboxTable> = (0..6)
+        .map(|i| db::table(&format!("{schema}.outbox_{i}")))
+        .collect();
+    for table in &tables {
+        db::seeded_table(table, 0).await;
+    }
+    let runs = tables.iter().map(|table| async move {
+        let mut conn = db::connect().await;
+        migrate(&mut conn, table, &MigrationOptions::default()).await
+    });
+    let outcomes = futures::future::join_all(runs).await;
+    let mut created = 0;
+    for outcome in &outcomes {
+        match outcome {
+            Ok(report) => created += usize::from(report.reports_table_created),
+            Err(error) => panic!("a concurrent first migration failed: {error:?}"),
+        }
+    }
+    assert_eq!(
+        created, 1,
+        "the report table was said to be created {created} times"
+    );
+    db::exec(&mut admin, &format!("DROP SCHEMA {schema} CASCADE")).await;
+}

@@ -163,3 +163,39 @@ async fn messages_carry_the_amqp_properties_of_their_row() {
         );
     }
 }
+
+/// With `migrate --notify` and `--listen`, an idle relay wakes on the trigger's NOTIFY: a row
+/// inserted after the table went empty arrives long before the two-minute poll would find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listening_relay_wakes_on_the_notify_trigger_not_the_poll() {
+    let name = unique("listen");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 1).await;
+    let (code, out, err) = process::migrate_with_notify(&name).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let args = [
+        "run",
+        "--table",
+        &name,
+        "--exchange",
+        &name,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--poll-interval",
+        "120s",
+        "--listen",
+        "true",
+    ];
+    let mut relay = process::spawn_relay(&name, &args);
+    // The first row is found by the first claim; then the table is empty and the workers idle.
+    assert_eq!(consumer.wait_for(1, Duration::from_secs(30)).await, 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    outbox_relay::tools::seed::copy_rows(&mut conn, &table, 1, 50, |_| {})
+        .await
+        .expect("insert one more row");
+    let woken = consumer.wait_for(2, Duration::from_secs(20)).await;
+    assert_eq!(woken, 2, "no wake-up; relay log:\n{}", relay.log_text());
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    consumer.close().await;
+}

@@ -29,6 +29,7 @@ fn reported(age_seconds: f64) -> TableHealth {
         pending_index_bytes: Some(4_259_840),
         server_autovacuum: true,
         table_autovacuum: true,
+        server_version_num: Some(160_004),
     }
 }
 
@@ -90,6 +91,7 @@ async fn a_horizon_held_past_the_limit_degrades_the_relay_naming_the_holder() {
                 (754.0, 52_000)
             );
             assert_eq!(health.pending_index_bytes, Some(4_259_840));
+            assert_eq!(status.postgres_version.as_deref(), Some("16.4"));
         })
         .run()
         .await;
