@@ -7,6 +7,9 @@
 //!   it silently);
 //! - migrations are serialised with `pg_try_advisory_lock`, never the blocking form, which
 //!   deadlocks with a concurrent index build; a busy lock is reported so the caller retries.
+//!   The one blocking lock, `pg_advisory_xact_lock` around the report table shared by a
+//!   schema's outbox tables, is held only for that table's create-or-upgrade, never across an
+//!   index build, so no build can wait on its holder.
 
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
