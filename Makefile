@@ -51,10 +51,12 @@ demo: services release
 ## smoke runs and the fuzz run.
 test: node-check control-plane services image-tools lint test-rust chart-check bench-smoke chaos-smoke fuzz
 
-## control-plane: build etcd, kube-apiserver, kube-controller-manager and kubectl for the tests
-## (once; cached under ~/.cache/outbox-relay/control-plane, keyed by its inputs).
+## control-plane: build the tests' Kubernetes (etcd, the control plane, the node's kubelet and
+## kube-proxy, kubectl) and the oldest minor the chart supports (etcd, kube-apiserver, kubectl);
+## once, cached under ~/.cache/outbox-relay/control-plane, keyed by each module's inputs.
 control-plane:
 	@./tests/control-plane/build.sh >/dev/null
+	@./tests/control-plane/build.sh tests/control-plane/oldest >/dev/null
 
 test-rust:
 	$(CARGO) build --workspace --all-targets --release
@@ -66,6 +68,9 @@ test-rust:
 	  [ "$$leftover" = 0 ] || { echo "the operator's database tests left $$leftover schemas in database postgres" >&2; exit 1; }
 	@# The tests that touch PostgreSQL's behaviour, against every other major services.sh runs.
 	CARGO='$(CARGO)' ./scripts/postgres-matrix.sh
+	@# The tests that need an API server only (the CRD, the chart, the operator as a process)
+	@# once more on the oldest Kubernetes minor the chart supports.
+	OUTBOX_KUBERNETES=oldest $(CARGO) test --release -p outbox-tests --test crd_on_apiserver --test helm_install
 
 ## lint: formatting, clippy with warnings denied, and no import circle between either crate's modules.
 lint: module-check

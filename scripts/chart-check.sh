@@ -180,6 +180,7 @@ NAMESPACED_RULES = {
     ("outboxrelay.io", "outboxrelays/status"): {"get", "patch", "update"},
     ("outboxrelay.io", "outboxrelays/finalizers"): {"update"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
     ("", "secrets"): {"get", "list", "watch"},
     ("", "configmaps"): {"get", "list", "watch"},
     ("", "pods"): {"list"},
@@ -398,6 +399,30 @@ def chart_ci(path, values_path):
             lambda: (d["spec"]["replicas"] == 2 and "--leader-election=true" in c["args"]
                      and f"--leader-election-namespace={os.environ['RELEASE_NS']}" in c["args"]
                      and "--lease-name=outbox-relay-operator" in c["args"]) or c["args"])
+    attempt(f"{p}: two replicas get a PodDisruptionBudget of one pod away, selecting the operator pods",
+            lambda: (lambda b: (b["spec"]["maxUnavailable"] == 1
+                                and b["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items())
+                     or b)(one(docs, "PodDisruptionBudget")))
+    def network_policies():
+        policies = by_kind(docs, "NetworkPolicy")
+        operator = [n for n in policies if n["metadata"]["namespace"] == os.environ["RELEASE_NS"]]
+        relays = [n for n in policies if n["metadata"]["name"] == "outbox-relay-pods"]
+        assert len(operator) == 1, [n["metadata"] for n in policies]
+        op = operator[0]["spec"]
+        assert op["podSelector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        assert [port["port"] for rule in op["ingress"] for port in rule["ports"]] == [8080], op["ingress"]
+        egress_ports = sorted({port["port"] for rule in op["egress"] for port in rule["ports"]})
+        assert egress_ports == [53, 443, 5432, 6432, 6443], egress_ports
+        assert sorted(n["metadata"]["namespace"] for n in relays) == sorted(namespaces), relays
+        for relay in relays:
+            spec = relay["spec"]
+            assert spec["policyTypes"] == ["Ingress"], spec
+            assert [port["port"] for rule in spec["ingress"] for port in rule["ports"]] == [9090], spec
+            assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "outbox-relay", spec
+        return True
+
+    attempt(f"{p}: NetworkPolicies: the operator takes its metrics port and reaches DNS, the API server and the databases only; relay pods in each watched namespace take their metrics port only",
+            network_policies)
     attempt(f"{p}: one --namespace flag per watched namespace",
             lambda: [a.split("=", 1)[1] for a in c["args"] if a.startswith("--namespace=")] == namespaces or c["args"])
     attempt(f"{p}: no ClusterRole or ClusterRoleBinding when namespaced",
@@ -844,7 +869,7 @@ def docs_fields(crd_path):
     doc = load(crd_path)[0]
     version = doc["spec"]["versions"][0]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    opaque = {"resources", "affinity", "tolerations", "imagePullSecrets"}
+    opaque = {"resources", "affinity", "tolerations", "imagePullSecrets", "topologySpreadConstraints"}
     fields = []
 
     def walk(schema, path):
@@ -947,6 +972,21 @@ check "Chart.yaml appVersion ($APP_VERSION) equals the crate version ($CRATE_VER
     test -n "$CRATE_VERSION" -a "$APP_VERSION" = "$CRATE_VERSION"
 check "Chart.yaml version ($CHART_VERSION) equals the crate version ($CRATE_VERSION)" \
     test "$CHART_VERSION" = "$CRATE_VERSION"
+# The oldest Kubernetes make test runs (tests/control-plane/oldest) is what the chart allows and
+# what the compatibility pages say.
+OLDEST_KUBE="$(sed -n 's#^\tk8s.io/kubernetes v\([0-9.]*\).*#\1#p' "$ROOT/tests/control-plane/oldest/go.mod" | head -1)"
+OLDEST_MINOR="${OLDEST_KUBE%.*}"
+KUBE_VERSION_RANGE="$(chart_field kubeVersion)"
+check "Chart.yaml kubeVersion ($KUBE_VERSION_RANGE) starts at the oldest Kubernetes make test runs ($OLDEST_KUBE)" \
+    test -n "$OLDEST_KUBE" -a "$KUBE_VERSION_RANGE" = ">=$OLDEST_MINOR.0-0"
+compatibility_pages_name_oldest() {
+    local range="kubeVersion: \">=$OLDEST_MINOR.0-0\""
+    grep -qF -- "\`$range\`" "$ROOT/docs/compatibility.md" &&
+        grep -qF -- "| $OLDEST_KUBE |" "$ROOT/docs/compatibility.md" &&
+        grep -E '^\| Kubernetes \|' "$ROOT/README.md" | grep -qF -- "$OLDEST_KUBE"
+}
+check "docs/compatibility.md and the README's compatibility table name kubeVersion and $OLDEST_KUBE" \
+    compatibility_pages_name_oldest
 check "default image tags in config/ and samples follow the crate version" \
     bash -c "! grep -rhoE 'ghcr.io/outbox-relay/outbox-relay:[^\" ]+|newTag: [^ ]+' '$ROOT/config' | grep -vE '(:|newTag: )$CRATE_VERSION\$'"
 

@@ -443,3 +443,53 @@ async fn a_problem_the_pods_report_reaches_the_lag_with_the_pods_that_have_it() 
     assert_eq!(problem.message, message);
     assert_eq!(problem.pods, vec!["orders-a", "orders-b"]);
 }
+
+fn query_of(relay: &str) -> LagQuery {
+    LagQuery {
+        relay_name: relay.into(),
+        ..query(0)
+    }
+}
+
+#[tokio::test]
+async fn the_first_relay_to_claim_a_table_keeps_it_until_its_claim_expires() {
+    let table = create_outbox_table().await;
+    let plan = plan_for(&table);
+    let observe = |relay: &'static str| {
+        let plan = plan.clone();
+        async move {
+            PostgresDatabase
+                .observe_lag(&target(url_with_canary()), &plan, query_of(relay))
+                .await
+        }
+    };
+    observe("shop/orders")
+        .await
+        .expect("a free table is claimed");
+    // The holder renews its claim every round; another relay is refused, told who has it.
+    observe("shop/orders").await.expect("the holder keeps it");
+    match observe("billing/orders-copy").await {
+        Err(Error::TableClaimed {
+            table: named,
+            relay,
+            ..
+        }) => {
+            assert_eq!(relay, "shop/orders");
+            assert_eq!(named, table.to_string());
+        }
+        other => panic!("expected TableClaimed, got {other:?}"),
+    }
+    // A claim nobody renewed for longer than the expiry (its relay deleted) is taken over.
+    execute(format!(
+        "UPDATE {}.outbox_relay_claims SET renewed_at = now() - interval '16 minutes'",
+        table.schema
+    ))
+    .await;
+    observe("billing/orders-copy")
+        .await
+        .expect("an expired claim is taken");
+    assert!(matches!(
+        observe("shop/orders").await,
+        Err(Error::TableClaimed { relay, .. }) if relay == "billing/orders-copy"
+    ));
+}

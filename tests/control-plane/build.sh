@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Builds etcd, the Kubernetes control plane (kube-apiserver, kube-controller-manager,
-# kube-scheduler), the node's kubelet and kube-proxy, and kubectl from this module, in one
-# `go build` that compiles the packages they share once, into a cache outside the clone keyed by
-# everything that decides the binaries (go.mod, go.sum, our own Go sources, the Go version).
-# Prints the bin directory. A second run with the same inputs prints it at once; Go's module and
+# Builds the commands of one control-plane module in one `go build` that compiles the packages
+# they share once, into a cache outside the clone keyed by everything that decides the binaries
+# (go.mod, go.sum, our own Go sources, the Go version), and prints the bin directory.
+#
+# Usage: build.sh [MODULE_DIR]. The module is this folder by default (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, the node's kubelet and kube-proxy, kubectl: the
+# Kubernetes the tests run on), or `oldest/` (etcd, kube-apiserver and kubectl of the oldest
+# Kubernetes minor the chart supports). A module's commands are its `./cmd/*` folders and the
+# `tool` block of its go.mod.
+# A second run with the same inputs prints it at once; Go's module and
 # build caches (under $HOME) make a rebuild after a small change cost seconds rather than the
 # minutes of a first build.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-cd "$here"
+cd "${1:-$here}"
 
 need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
 if ! command -v go >/dev/null; then
@@ -23,10 +28,15 @@ fi
 
 kube_version=$(sed -n 's#^\tk8s.io/kubernetes \(v[0-9.]*\).*#\1#p' go.mod | head -1)
 [ -n "$kube_version" ] || { echo "go.mod does not require k8s.io/kubernetes" >&2; exit 1; }
-key=$( { cat go.mod go.sum build.sh; find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION; } | sha256sum | cut -c1-16)
+key=$( { cat go.mod go.sum "$here/build.sh"; find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION; } | sha256sum | cut -c1-16)
 cache=${OUTBOX_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/control-plane}
 out="$cache/$kube_version-$key"
-commands=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+# Import paths: our own commands, then the tool block's.
+packages=()
+for dir in cmd/*/; do packages+=("./${dir%/}"); done
+while read -r package; do packages+=("$package"); done < <(sed -n '/^tool (/,/^)/s/^\t\([^ ]*\)$/\1/p' go.mod)
+commands=()
+for package in "${packages[@]}"; do commands+=("${package##*/}"); done
 built() {
   local command
   for command in "${commands[@]}"; do [ -x "$out/bin/$command" ] || return 1; done
@@ -48,13 +58,7 @@ done
 mkdir -p "$out.tmp/bin"
 echo "building the Kubernetes ${kube_version} control plane into $out (first build: about 10 minutes on 2 cores)" >&2
 CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "-s -w${stamp}" -o "$out.tmp/bin/" \
-  ./cmd/etcd \
-  k8s.io/kubernetes/cmd/kube-apiserver \
-  k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kubelet \
-  k8s.io/kubernetes/cmd/kube-proxy \
-  k8s.io/kubernetes/cmd/kubectl
+  "${packages[@]}"
 rm -rf "$out"
 mv "$out.tmp" "$out"
 echo "$out/bin"

@@ -67,19 +67,11 @@ impl TestCluster {
             .await
             .expect("the node starts");
         let namespace = unique("e2e").replace('_', "-");
-        plane
-            .create_namespace(&namespace)
-            .expect("create the namespace");
         // The API server itself refuses any pod of the chart or the operator that breaks the
         // restricted profile.
         plane
-            .kubectl_ok(&[
-                "label",
-                "namespace",
-                &namespace,
-                "pod-security.kubernetes.io/enforce=restricted",
-            ])
-            .expect("label the namespace restricted");
+            .create_restricted_namespace(&namespace)
+            .expect("create the namespace, restricted");
         let client = plane.admin_client().await.expect("an admin client");
         create_connection_secrets(&client, &namespace).await;
         let operator = OperatorPod::install(plane, &namespace)
@@ -301,29 +293,82 @@ pub fn install_chart(
 
 /// `helm install` of the chart into `namespace` as the README's first command does: watching
 /// every namespace (a ClusterRole), with `operator_pods` operator pods (0 when the operator
-/// runs as a process).
+/// runs as a process) and more chart `values`.
 pub fn install_chart_cluster_wide(
     plane: &ControlPlane,
     namespace: &str,
     operator_pods: u32,
+    values: &[&str],
 ) -> anyhow::Result<String> {
-    let set = [
+    let mut set = vec![
         format!("fullnameOverride={OPERATOR_NAME}"),
         format!("replicaCount={operator_pods}"),
     ];
+    set.extend(values.iter().map(|value| value.to_string()));
     helm::install(plane, OPERATOR_NAME, namespace, &set)
 }
 
 /// Audit records of ServiceAccount `namespace/name` with response code 403.
 pub fn denials(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String> {
+    audited_responses(plane, namespace, name, |code, _| code == 403)
+}
+
+/// Audit records of ServiceAccount `namespace/name` the API server refused: every 4xx and 5xx
+/// but the ones a working client meets, a `get` or `delete` of an object that is not there
+/// (404), a write that lost an optimistic-concurrency race (409) and an expired resource
+/// version (410). So a resource, version or field the server does not serve shows up (404 on
+/// a list, watch or apply; 400; 422), besides denials.
+pub fn refusals(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String> {
+    audited_responses(plane, namespace, name, |code, verb| {
+        let expected =
+            matches!(code, 409 | 410) || (code == 404 && matches!(verb, "get" | "delete"));
+        code >= 400 && !expected
+    })
+}
+
+/// `resource` or `resource/subresource` of every write (create, update, patch) the API server
+/// accepted from ServiceAccount `namespace/name`.
+pub fn accepted_writes(
+    plane: &ControlPlane,
+    namespace: &str,
+    name: &str,
+) -> std::collections::BTreeSet<String> {
     plane
         .audit_events_of(namespace, name)
         .into_iter()
-        .filter(|e| e["stage"] == "ResponseComplete" && e["responseStatus"]["code"] == 403)
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
+        .filter(|e| (200..300).contains(&e["responseStatus"]["code"].as_i64().unwrap_or(0)))
+        .map(|e| {
+            let resource = e["objectRef"]["resource"].as_str().unwrap_or_default();
+            match e["objectRef"]["subresource"].as_str() {
+                Some(sub) => format!("{resource}/{sub}"),
+                None => resource.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// `verb resource: URI (code)` of the completed requests of ServiceAccount `namespace/name`
+/// whose response code and verb `select` picks.
+fn audited_responses(
+    plane: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    select: impl Fn(i64, &str) -> bool,
+) -> Vec<String> {
+    plane
+        .audit_events_of(namespace, name)
+        .into_iter()
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter(|e| {
+            let code = e["responseStatus"]["code"].as_i64().unwrap_or(0);
+            select(code, e["verb"].as_str().unwrap_or_default())
+        })
         .map(|e| {
             format!(
-                "{} {}: {}",
-                e["verb"], e["objectRef"]["resource"], e["requestURI"]
+                "{} {}: {} ({})",
+                e["verb"], e["objectRef"]["resource"], e["requestURI"], e["responseStatus"]["code"]
             )
         })
         .collect()
@@ -340,6 +385,9 @@ const TEST_OPERATOR_ARGS: [&str; 6] = [
     "30s",
 ];
 
+/// The labels that select the chart's operator pods.
+const OPERATOR_POD_SELECTOR: &str = "app.kubernetes.io/name=outbox-relay-operator";
+
 /// The chart's operator Deployment in a test's namespace: one pod on the node, as shipped but
 /// for [`TEST_OPERATOR_ARGS`] (the chart's `extraArgs`) and text logs.
 pub struct OperatorPod {
@@ -351,12 +399,22 @@ impl OperatorPod {
     /// `helm install`s the chart into `namespace`, watching it, and waits (helm's `--wait`)
     /// for the operator pod to be ready.
     pub async fn install(plane: &'static ControlPlane, namespace: &str) -> anyhow::Result<Self> {
-        let set = vec![
+        Self::install_with(plane, namespace, &[]).await
+    }
+
+    /// [`Self::install`] with more chart values (`replicaCount=2`, …).
+    pub async fn install_with(
+        plane: &'static ControlPlane,
+        namespace: &str,
+        values: &[&str],
+    ) -> anyhow::Result<Self> {
+        let mut set = vec![
             format!("fullnameOverride={OPERATOR_NAME}"),
             format!("watchNamespaces={{{namespace}}}"),
             "logFormat=text".to_string(),
             format!("extraArgs={{{}}}", TEST_OPERATOR_ARGS.join(",")),
         ];
+        set.extend(values.iter().map(|value| value.to_string()));
         let release_namespace = namespace.to_string();
         tokio::task::spawn_blocking(move || {
             helm::install(plane, OPERATOR_NAME, &release_namespace, &set)
@@ -379,8 +437,15 @@ impl OperatorPod {
         }
     }
 
+    /// The operator's pods, as the API server has them.
+    pub async fn pods(&self, client: &Client) -> anyhow::Result<Vec<Pod>> {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &self.namespace);
+        let selector = ListParams::default().labels(OPERATOR_POD_SELECTOR);
+        Ok(pods.list(&selector).await?.items)
+    }
+
     /// Scales the operator to zero and waits (at most 30 s) until its pod is gone.
-    async fn stop(&self, client: &Client) {
+    pub async fn stop(&self, client: &Client) {
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), &self.namespace);
         let scale = json!({"spec": {"replicas": 0}});
         let _ = deployments
@@ -390,12 +455,10 @@ impl OperatorPod {
                 &Patch::Merge(&scale),
             )
             .await;
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &self.namespace);
-        let selector = ListParams::default().labels("app.kubernetes.io/name=outbox-relay-operator");
         let _ = crate::wait::until(
             "the operator pod is gone",
             Duration::from_secs(30),
-            || async { pods.list(&selector).await.is_ok_and(|l| l.items.is_empty()) },
+            || async { self.pods(client).await.is_ok_and(|pods| pods.is_empty()) },
         )
         .await;
     }

@@ -19,7 +19,7 @@ pub fn tools_dir() -> anyhow::Result<PathBuf> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/helm-tools.sh");
-        crate::process::path_printed_by(&script, "helm could not be fetched")
+        crate::process::path_printed_by(&script, &[], "helm could not be fetched")
     })
     .clone()
     .map_err(anyhow::Error::msg)
@@ -54,6 +54,16 @@ pub fn helm(plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// `--wait --timeout 120s` where the control plane runs controllers; none on an API server
+/// alone (the oldest release's), where no Deployment ever gets a status to wait for.
+pub fn wait_flags(plane: &ControlPlane) -> &'static [&'static str] {
+    if plane.release.runs_controllers() {
+        &["--wait", "--timeout", "120s"]
+    } else {
+        &[]
+    }
+}
+
 /// `helm install RELEASE charts/outbox-relay-operator -n NAMESPACE --set …`.
 pub fn install(
     plane: &ControlPlane,
@@ -68,10 +78,8 @@ pub fn install(
         chart.to_str().expect("a UTF-8 path"),
         "-n",
         namespace,
-        "--wait",
-        "--timeout",
-        "120s",
     ];
+    args.extend(wait_flags(plane));
     for value in set {
         args.extend(["--set", value]);
     }

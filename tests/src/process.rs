@@ -36,8 +36,13 @@ pub const LOG_DIR_ENV: &str = "OUTBOX_TEST_LOG_DIR";
 /// Runs a setup script that prints a path on stdout (its progress goes to our stderr), as
 /// `tests/control-plane/build.sh` and `scripts/helm-tools.sh` do; `failure` says what a
 /// failing script means for the tests.
-pub fn path_printed_by(script: &std::path::Path, failure: &str) -> Result<PathBuf, String> {
+pub fn path_printed_by(
+    script: &std::path::Path,
+    args: &[&std::ffi::OsStr],
+    failure: &str,
+) -> Result<PathBuf, String> {
     let output = std::process::Command::new(script)
+        .args(args)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()

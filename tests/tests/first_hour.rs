@@ -9,7 +9,8 @@ use std::time::Duration;
 use lapin::ExchangeKind;
 use outbox_tests::cluster::{OPERATOR_NAME, TestCluster};
 use outbox_tests::services::url_for_pods;
-use outbox_tests::{broker, db, process, unique};
+use outbox_tests::{broker, db, health, process, unique};
+use serde_json::Value;
 
 fn for_pods(url: &str) -> String {
     url_for_pods(url).unwrap_or_else(|e| panic!("{e:#}"))
@@ -213,9 +214,41 @@ async fn a_users_first_hour_with_kubectl() {
         assert!(events.contains(reason), "no {reason} in:\n{events}");
     }
 
+    // A second OutboxRelay on the orders table: the table is claimed by `orders`, so this one
+    // is Stalled, names the other, and runs no pods.
+    cluster.record("copy");
+    user.apply(&orders_sample(&table_name, &table_name).replace("name: orders\n", "name: copy\n"));
+    user.wait_jsonpath(
+        "obr/copy",
+        "{.status.conditions[?(@.type==\"Stalled\")].reason}",
+        "TableClaimedByAnotherRelay",
+        Duration::from_secs(60),
+    )
+    .await;
+    let message = user.kubectl(&[
+        "get",
+        "obr/copy",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].message}",
+    ]);
+    assert!(
+        message.contains(&format!("OutboxRelay {}/orders", cluster.namespace)),
+        "{message}"
+    );
+    let (copy_deployed, ..) = cluster
+        .plane
+        .kubectl_output(&["-n", &cluster.namespace, "get", "deploy/copy"])
+        .unwrap();
+    assert!(
+        !copy_deployed,
+        "the second relay of one table got a Deployment"
+    );
+
     // A relay whose Secret does not exist yet: Ready=False/SecretNotFound, then Ready by itself
-    // once the Secret is created.
-    let late = orders_sample(&table_name, &table_name)
+    // once the Secret is created. Its table is its own; it publishes to the orders exchange.
+    let late_table = unique("first_hour_late");
+    db::seeded_table(&db::table(&late_table), 0).await;
+    let late = orders_sample(&late_table, &table_name)
         .replace("name: orders-db", "name: late-db")
         .replace("name: orders\n", "name: late\n");
     let is_late_secret = |d: &&str| d.contains("kind: Secret") && d.contains("name: late-db");
@@ -224,6 +257,7 @@ async fn a_users_first_hour_with_kubectl() {
         .filter(|d| !is_late_secret(d))
         .collect::<Vec<_>>()
         .join("---");
+    cluster.record("late");
     user.apply(&late_relay);
     user.wait_jsonpath(
         "obr/late",
@@ -243,6 +277,10 @@ async fn a_users_first_hour_with_kubectl() {
     user.apply(&secret);
     user.wait_for("condition=Ready", "obr/late", Duration::from_secs(120));
 
+    // How kstatus (Helm 4's --wait, Flux) and the shipped Argo CD health check read the
+    // versions the two relays went through.
+    tools_read_each_version_as_the_relay_was(&cluster);
+
     // kubectl delete obr: the Deployment and its pods go (garbage collection through the owner
     // reference), the table's rows stay as they are.
     let rows_before = db::scalar_i64(
@@ -254,6 +292,7 @@ async fn a_users_first_hour_with_kubectl() {
         "delete",
         "obr/orders",
         "obr/late",
+        "obr/copy",
         "--wait=true",
         "--timeout=60s",
     ]);
@@ -293,4 +332,80 @@ async fn a_users_first_hour_with_kubectl() {
 
     consumer.close().await;
     cluster.shutdown().await;
+}
+
+/// `(status, reason)` of the relay's condition of type `kind`.
+fn condition<'a>(relay: &'a Value, kind: &str) -> Option<(&'a str, &'a str)> {
+    relay["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or(""),
+                c["reason"].as_str().unwrap_or(""),
+            )
+        })
+}
+
+/// Every recorded version of `orders`, `late` and `copy`, judged by kstatus and the Argo CD
+/// health check: in progress while pods start, failed while a Secret is missing or the table
+/// is another relay's, current once ready, and the two tools agree on each version.
+fn tools_read_each_version_as_the_relay_was(cluster: &TestCluster) {
+    let mut relays: Vec<(String, Value)> = Vec::new();
+    for name in ["orders", "late", "copy"] {
+        for (_, version) in cluster.versions_of("outboxrelays", name) {
+            relays.push((name.to_string(), version));
+        }
+    }
+    let objects: Vec<Value> = relays.iter().map(|(_, v)| v.clone()).collect();
+    let verdicts = health::assess(cluster.plane, &objects).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(verdicts.len(), objects.len());
+    let mut saw = std::collections::BTreeSet::new();
+    for ((name, relay), verdict) in relays.iter().zip(&verdicts) {
+        if relay.get("status").is_none() {
+            // Before the operator's first status kstatus cannot tell a new object from a
+            // settled one and says Current; the health check waits for the operator.
+            assert_eq!(verdict.argocd, "Progressing", "{name}: {verdict:?}");
+            continue;
+        }
+        let pair = (verdict.kstatus.as_str(), verdict.argocd.as_str());
+        assert!(
+            matches!(
+                pair,
+                ("Current", "Healthy") | ("InProgress", "Progressing") | ("Failed", "Degraded")
+            ),
+            "kstatus and Argo CD disagree on {name}: {verdict:?}\n{relay}"
+        );
+        let seen = relay["status"]["observedGeneration"] == relay["metadata"]["generation"];
+        let ready = condition(relay, "Ready");
+        if seen && ready.is_some_and(|(_, reason)| reason == "SecretNotFound") {
+            assert_eq!(verdict.kstatus, "Failed", "{name}: {verdict:?}\n{relay}");
+            assert!(
+                verdict.argocd_message.contains("SecretNotFound"),
+                "{verdict:?}"
+            );
+            saw.insert("a missing Secret: Failed");
+        }
+        if seen && ready.is_some_and(|(_, reason)| reason == "TableClaimedByAnotherRelay") {
+            assert_eq!(verdict.kstatus, "Failed", "{name}: {verdict:?}\n{relay}");
+            saw.insert("a claimed table: Failed");
+        }
+        if seen && ready.is_some_and(|(_, reason)| reason == "Progressing") {
+            assert_eq!(
+                verdict.kstatus, "InProgress",
+                "{name}: {verdict:?}\n{relay}"
+            );
+            saw.insert("pods starting: InProgress");
+        }
+        if seen && ready == Some(("True", "Available")) {
+            assert_eq!(verdict.kstatus, "Current", "{name}: {verdict:?}\n{relay}");
+            saw.insert("ready: Current");
+        }
+    }
+    assert_eq!(
+        saw.len(),
+        4,
+        "the versions recorded did not cover every state: only {saw:?}"
+    );
 }

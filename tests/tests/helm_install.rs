@@ -5,6 +5,11 @@
 //!
 //! The cluster-wide operator watches every namespace, so it gets a control plane of its own:
 //! on the shared one it would reconcile the other tests' relays.
+//!
+//! make test runs these tests twice: on the Kubernetes the node runs, and with
+//! `OUTBOX_KUBERNETES=oldest` on an API server of the oldest minor the chart supports. The
+//! operator is compiled against the newest API; an empty list of refused requests there shows
+//! it asks only for what that server serves.
 
 use std::time::Duration;
 
@@ -13,8 +18,8 @@ use kube::Api;
 use kube::api::PostParams;
 use outbox_operator::OutboxRelay;
 use outbox_tests::cluster::{
-    OPERATOR_NAME, OperatorProcess, create_connection_secrets, denials, install_chart,
-    install_chart_cluster_wide, relay_spec,
+    OPERATOR_NAME, OperatorProcess, accepted_writes, create_connection_secrets, install_chart,
+    install_chart_cluster_wide, refusals, relay_spec,
 };
 use outbox_tests::control_plane::ControlPlane;
 use outbox_tests::{db, helm, unique};
@@ -62,7 +67,9 @@ async fn cluster_wide_install_reconciles_every_namespace_upgrades_and_uninstalls
     let release = OPERATOR_NAME;
     let chart = helm::chart_dir();
     let chart = chart.to_str().unwrap();
-    install_chart_cluster_wide(&plane, &system, 0).expect("helm install, cluster-wide");
+    // Leader election on, as with several operator pods: the Lease is among what it writes.
+    install_chart_cluster_wide(&plane, &system, 0, &["leaderElection.enabled=true"])
+        .expect("helm install, cluster-wide");
     let roles = plane
         .kubectl_ok(&["get", "clusterrole,clusterrolebinding", "-o", "name"])
         .unwrap();
@@ -73,9 +80,15 @@ async fn cluster_wide_install_reconciles_every_namespace_upgrades_and_uninstalls
         "{roles}"
     );
 
-    let operator = OperatorProcess::start(&plane, &system, "", "cluster-wide", &[])
-        .await
-        .unwrap();
+    let operator = OperatorProcess::start(
+        &plane,
+        &system,
+        "",
+        "cluster-wide",
+        &["--leader-election=true"],
+    )
+    .await
+    .unwrap();
     let team_a = fresh_namespace(&plane, "team-a");
     let team_b = fresh_namespace(&plane, "team-b");
     let a = relay_in(&plane, &team_a).await;
@@ -88,25 +101,38 @@ async fn cluster_wide_install_reconciles_every_namespace_upgrades_and_uninstalls
             .await;
         assert!(ok, "{ns}/{name} not reconciled: {}", operator.log_text());
     }
+    // Everything the operator writes, each accepted once at least: the Deployment (server-side
+    // apply), the status, events and the leader Lease.
+    let wrote = outbox_tests::wait::holds(
+        "the operator wrote its status, events and Lease",
+        Duration::from_secs(30),
+        || async {
+            let writes = accepted_writes(&plane, &system, OPERATOR_NAME);
+            ["deployments", "outboxrelays/status", "events", "leases"]
+                .iter()
+                .all(|resource| writes.contains(*resource))
+        },
+    )
+    .await;
+    assert!(
+        wrote,
+        "writes accepted: {:?}\n{}",
+        accepted_writes(&plane, &system, OPERATOR_NAME),
+        operator.log_text()
+    );
 
     // helm upgrade: a changed value reaches the Deployment; the release's revision moves.
-    helm::helm(
-        &plane,
-        &[
-            "upgrade",
-            release,
-            chart,
-            "-n",
-            &system,
-            "--reuse-values",
-            "--set",
-            "logFormat=text",
-            "--wait",
-            "--timeout",
-            "120s",
-        ],
-    )
-    .expect("helm upgrade");
+    let upgrade: [&str; 8] = [
+        "upgrade",
+        release,
+        chart,
+        "-n",
+        &system,
+        "--reuse-values",
+        "--set",
+        "logFormat=text",
+    ];
+    helm::helm(&plane, &[&upgrade[..], helm::wait_flags(&plane)].concat()).expect("helm upgrade");
     let args = plane
         .kubectl_ok(&[
             "get",
@@ -123,12 +149,14 @@ async fn cluster_wide_install_reconciles_every_namespace_upgrades_and_uninstalls
     assert!(history.lines().count() >= 3, "{history}");
 
     operator.stop().await;
-    let denied = denials(&plane, &system, OPERATOR_NAME);
-    assert!(denied.is_empty(), "the chart's RBAC denied: {denied:#?}");
+    let refused = refusals(&plane, &system, OPERATOR_NAME);
+    assert!(refused.is_empty(), "the API server refused: {refused:#?}");
 
     // helm uninstall removes the release's objects, cluster-scoped ones too; the CRD (from
     // the chart's crds/ folder) stays, as Helm keeps CRDs, and so do the OutboxRelays.
-    helm::helm(&plane, &["uninstall", release, "-n", &system, "--wait"]).expect("helm uninstall");
+    let uninstall: [&str; 4] = ["uninstall", release, "-n", &system];
+    helm::helm(&plane, &[&uninstall[..], helm::wait_flags(&plane)].concat())
+        .expect("helm uninstall");
     let left = plane
         .kubectl_ok(&["get", "clusterrole,clusterrolebinding", "-o", "name"])
         .unwrap();
@@ -167,6 +195,20 @@ async fn namespaced_install_leaves_other_namespaces_alone_without_a_denied_reque
         .unwrap();
     assert!(!in_other, "a Role in an unwatched namespace");
 
+    // A Secret no relay names, in the watched namespace: its value must never reach the
+    // operator (it watches Secrets as metadata only and reads by name what relays reference).
+    let canary = format!("unrelated-{}", uuid::Uuid::new_v4());
+    plane
+        .kubectl_ok(&[
+            "create",
+            "secret",
+            "generic",
+            "unrelated",
+            "-n",
+            &watched,
+            &format!("--from-literal=value={canary}"),
+        ])
+        .unwrap();
     let operator = OperatorProcess::start(plane, &release_ns, &watched, "namespaced", &[])
         .await
         .unwrap();
@@ -205,13 +247,36 @@ async fn namespaced_install_leaves_other_namespaces_alone_without_a_denied_reque
         .unwrap();
     assert!(!deployed, "an unwatched relay got a Deployment");
     operator.stop().await;
-    let denied = denials(plane, &release_ns, OPERATOR_NAME);
-    assert!(denied.is_empty(), "the chart's RBAC denied: {denied:#?}");
+    let refused = refusals(plane, &release_ns, OPERATOR_NAME);
+    assert!(refused.is_empty(), "the API server refused: {refused:#?}");
+    // The audit log records the operator's Secret requests with their responses: it read the
+    // relay's own Secrets (values included), and no response carried the unrelated one's.
+    let audited = plane.audit_events_of(&release_ns, OPERATOR_NAME);
+    let read_values = audited.iter().any(|e| {
+        e["objectRef"]["resource"] == "secrets"
+            && e["verb"] == "get"
+            && e["responseObject"]["data"].is_object()
+    });
+    assert!(read_values, "no Secret read by name in the audit log");
+    let encoded = serde_json::to_string(&k8s_openapi::ByteString(canary.into_bytes())).unwrap();
+    let encoded = encoded.trim_matches('"');
+    let leaked: Vec<String> = audited
+        .iter()
+        .filter(|e| e.to_string().contains(encoded))
+        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "the unrelated Secret's value reached the operator: {leaked:?}"
+    );
 
     // The check above can fail: a ServiceAccount without the chart's rights is denied, and the
     // audit log shows it.
+    plane
+        .kubectl_ok(&["create", "serviceaccount", "powerless", "-n", &watched])
+        .unwrap();
     let powerless = plane
-        .service_account_kubeconfig(&watched, "default")
+        .service_account_kubeconfig(&watched, "powerless")
         .unwrap();
     let attempt = std::process::Command::new(plane.kubectl_path())
         .args(["get", "obr", "-n", &watched])
@@ -222,7 +287,7 @@ async fn namespaced_install_leaves_other_namespaces_alone_without_a_denied_reque
     let seen = outbox_tests::wait::holds(
         "the audit log shows the denial",
         Duration::from_secs(10),
-        || async { !denials(plane, &watched, "default").is_empty() },
+        || async { !refusals(plane, &watched, "powerless").is_empty() },
     )
     .await;
     assert!(seen, "the audit log does not show the denied request");

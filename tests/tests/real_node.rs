@@ -84,15 +84,7 @@ async fn a_real_node_runs_a_relay_pod_and_leaves_nothing_behind() {
 
     // The API server enforces the restricted profile in the namespace.
     let namespace = unique("node").replace('_', "-");
-    plane.create_namespace(&namespace).unwrap();
-    plane
-        .kubectl_ok(&[
-            "label",
-            "namespace",
-            &namespace,
-            "pod-security.kubernetes.io/enforce=restricted",
-        ])
-        .unwrap();
+    plane.create_restricted_namespace(&namespace).unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let mut privileged = relay_pod("privileged", "t", "x");
     let context = privileged.spec.as_mut().unwrap().containers[0]

@@ -5,7 +5,8 @@
 //! on its own within its grace period (exit code 0, not the SIGKILL's 137), no message sent
 //! twice; and a relay over its memory
 //! limit is OOM-killed by the kernel, which the OutboxRelay's status says (reason OOMKilled,
-//! naming the limit and the field to raise) until the limit is raised.
+//! naming the limit and the field to raise) until the default resources, which have room for
+//! that batch of large payloads, are back.
 
 use std::time::Duration;
 
@@ -173,7 +174,21 @@ async fn relay_pods_get_addresses_logs_liveness_restarts_and_a_graceful_scale_do
         "{:?}",
         consumer.duplicates()
     );
-    // With no memory limit (the default), nothing was OOM-killed.
+    // With the default resources (a 256Mi memory limit at 2 workers), nothing was OOM-killed.
+    let template = cluster.deployments().get(&relay).await.unwrap();
+    let pod_spec = template.spec.template.spec.unwrap();
+    let resources = pod_spec.containers[0]
+        .resources
+        .clone()
+        .expect("default resources");
+    // Spread over nodes by default, as a preference a one-node cluster can ignore.
+    let spread = pod_spec
+        .topology_spread_constraints
+        .expect("default spread");
+    assert_eq!(spread[0].topology_key, "kubernetes.io/hostname");
+    assert_eq!(spread[0].when_unsatisfiable, "ScheduleAnyway");
+    assert_eq!(resources.limits.unwrap()["memory"].0, "256Mi");
+    assert_eq!(resources.requests.unwrap()["memory"].0, "64Mi");
     let relay_object = cluster.relays().get(&relay).await.unwrap();
     let reasons: Vec<String> = relay_object
         .status
@@ -215,8 +230,9 @@ async fn a_relay_over_its_memory_limit_is_oom_killed_and_the_status_names_the_li
         "{events:?}"
     );
 
-    // The fix the message names: the relay drains the table and the condition clears.
-    let patch = json!({"spec": {"relay": limited("512Mi")}});
+    // Back to the default resources: their limit has room for this batch of large payloads,
+    // the relay drains the table and the condition clears.
+    let patch = json!({"spec": {"relay": {"resources": null}}});
     cluster
         .relays()
         .patch(&relay, &PatchParams::default(), &Patch::Merge(patch))

@@ -9,9 +9,10 @@ pub mod tls;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, LocalObjectReference, ResourceRequirements, Toleration,
+    Affinity, LocalObjectReference, ResourceRequirements, Toleration, TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -414,7 +415,11 @@ pub struct RelaySpec {
     #[serde(default = "defaults::termination_grace_period_seconds")]
     #[schemars(range(min = 1, max = 3600))]
     pub termination_grace_period_seconds: i64,
-    /// CPU and memory requests and limits of the relay container.
+    /// CPU and memory requests and limits of the relay container. Absent: 50m CPU and
+    /// 32Mi + 16Mi per worker requested, a memory limit of 128Mi + 64Mi per worker (64Mi and
+    /// 256Mi at 2 workers), room for batches of 500 rows of up to about 60 kB; raise the
+    /// limit by about 2 × batchSize × payload size per worker for larger payloads. {}: none
+    /// (a BestEffort pod).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Extra annotations on the relay pods.
@@ -432,6 +437,17 @@ pub struct RelaySpec {
     /// Affinity of the relay pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// How the relay pods spread over nodes and zones. Absent: over nodes (topologyKey
+    /// kubernetes.io/hostname, maxSkew 1, whenUnsatisfiable ScheduleAnyway: a preference the
+    /// scheduler drops when no node can meet it). A constraint without labelSelector gets the
+    /// relay pods' labels. []: no constraint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
+    /// The PodDisruptionBudget of the relay pods: how many a voluntary disruption (a node
+    /// drain, a cluster upgrade) may take down at once. It limits evictions only, never a
+    /// scale-down or a rollout.
+    #[serde(default)]
+    pub disruption_budget: DisruptionBudgetSpec,
     /// Service account of the relay pods. The relay never calls the Kubernetes API, so its
     /// token is not mounted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -442,6 +458,30 @@ pub struct RelaySpec {
     /// Priority class of the relay pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+}
+
+/// `spec.relay.disruptionBudget`: the relay pods' PodDisruptionBudget, owned by the
+/// OutboxRelay.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionBudgetSpec {
+    /// false: no PodDisruptionBudget (the operator deletes the one it made).
+    #[serde(default = "defaults::disruption_budget_enabled")]
+    pub enabled: bool,
+    /// Relay pods a voluntary disruption may take down at once: a number, or a percentage of
+    /// the replicas such as "50%". With 1, a drain never takes every pod of a relay at once
+    /// while it runs two or more; a relay with one pod can still be drained.
+    #[serde(default = "defaults::max_unavailable")]
+    pub max_unavailable: IntOrString,
+}
+
+impl Default for DisruptionBudgetSpec {
+    fn default() -> Self {
+        Self {
+            enabled: defaults::disruption_budget_enabled(),
+            max_unavailable: defaults::max_unavailable(),
+        }
+    }
 }
 
 impl Default for RelaySpec {
@@ -467,6 +507,8 @@ impl Default for RelaySpec {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             affinity: None,
+            topology_spread_constraints: None,
+            disruption_budget: DisruptionBudgetSpec::default(),
             service_account_name: None,
             image_pull_secrets: Vec::new(),
             priority_class_name: None,
@@ -776,6 +818,12 @@ pub mod defaults {
     /// Pods write JSON lines for log pipelines; the relay's own default (text) is for people.
     pub fn log_format() -> super::LogFormat {
         super::LogFormat::Json
+    }
+    pub fn disruption_budget_enabled() -> bool {
+        true
+    }
+    pub fn max_unavailable() -> super::IntOrString {
+        super::IntOrString::Int(1)
     }
     pub fn batch_size() -> i32 {
         relay::BATCH_SIZE as i32

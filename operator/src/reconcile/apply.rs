@@ -1,9 +1,10 @@
-//! The write steps: server-side apply of the Deployment and of the status, each skipped when
-//! the live object already carries exactly what would be written, so a settled relay causes no
-//! writes at all.
+//! The write steps: server-side apply of the Deployment (with the relay pods'
+//! PodDisruptionBudget) and of the status, each skipped when the live object already carries
+//! exactly what would be written, so a settled relay causes no writes at all.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 
@@ -13,15 +14,17 @@ use crate::reconcile::context::Context;
 use crate::reconcile::error::Error;
 use crate::reconcile::events::{self, reasons};
 
-/// Applies `desired` unless `live` already carries this exact build, and returns the
-/// Deployment as the API server has it now. Replicas are compared too: `kubectl scale
-/// deployment` changes them without touching the hash.
+/// Applies `desired` (and the disruption `budget`, whose content the Deployment's hash covers)
+/// unless `live` already carries this exact build, and returns the Deployment as the API
+/// server has it now. Replicas are compared too: `kubectl scale deployment` changes them
+/// without touching the hash.
 pub async fn apply_deployment(
     ctx: &Context,
     relay: &OutboxRelay,
     deployments: &Api<Deployment>,
     live: Option<Deployment>,
     desired: &Deployment,
+    budget: Option<&PodDisruptionBudget>,
 ) -> Result<Deployment, Error> {
     match live {
         Some(live)
@@ -40,6 +43,9 @@ pub async fn apply_deployment(
                 )
                 .await
                 .map_err(Error::ApplyDeployment)?;
+            let namespace = relay.namespace().ok_or(Error::MissingNamespace)?;
+            let budgets = Api::namespaced(ctx.client.clone(), &namespace);
+            apply_disruption_budget(&budgets, &name, budget).await?;
             let (reason, verb) = if live.is_some() {
                 (reasons::DEPLOYMENT_UPDATED, "updated")
             } else {
@@ -58,6 +64,30 @@ pub async fn apply_deployment(
             Ok(applied)
         }
     }
+}
+
+/// Applies the relay pods' PodDisruptionBudget, or deletes the one called `name` when the
+/// spec turned it off (nothing to do when there is none).
+async fn apply_disruption_budget(
+    budgets: &Api<PodDisruptionBudget>,
+    name: &str,
+    budget: Option<&PodDisruptionBudget>,
+) -> Result<(), Error> {
+    let result = match budget {
+        Some(budget) => budgets
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(budget),
+            )
+            .await
+            .map(drop),
+        None => match budgets.delete(name, &DeleteParams::default()).await {
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            other => other.map(drop),
+        },
+    };
+    result.map_err(Error::ApplyDisruptionBudget)
 }
 
 /// Writes `status` with server-side apply, unless it equals what the object already has.

@@ -26,8 +26,12 @@ use crate::crd::{BrokerProtocol, BrokerSpec, OutboxRelay, SecretKeyRef};
 use crate::reconcile::validate::RelayPlan;
 
 use self::files::ConnectionFiles;
+use self::placement::{disruption_budget, spread_constraints};
+use self::resources::relay_resources;
 
 mod files;
+pub mod placement;
+pub mod resources;
 
 /// Where the relay binary lives in the shared image.
 pub const RELAY_BINARY: &str = "/usr/local/bin/outbox-relay";
@@ -176,7 +180,7 @@ pub fn build_deployment(
         }]),
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
         readiness_probe: Some(http_probe("/readyz", 5, 2)),
-        resources: spec.resources.clone(),
+        resources: relay_resources(spec.resources.as_ref(), spec.workers_per_pod),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(NON_ROOT_UID),
@@ -203,6 +207,7 @@ pub fn build_deployment(
         node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
         tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
         affinity: spec.affinity.clone(),
+        topology_spread_constraints: spread_constraints(relay, &selector_labels(relay)),
         image_pull_secrets: (!spec.image_pull_secrets.is_empty())
             .then(|| spec.image_pull_secrets.clone()),
         priority_class_name: spec.priority_class_name.clone(),
@@ -243,7 +248,8 @@ pub fn build_deployment(
         },
         status: None,
     };
-    let hash = content_hash(&deployment);
+    // The budget is applied with the Deployment, so a change of it must change the hash too.
+    let hash = content_hash(&(&deployment, build_disruption_budget(relay)));
     deployment.metadata.annotations =
         Some(BTreeMap::from([(SPEC_HASH_ANNOTATION.to_string(), hash)]));
     deployment
@@ -359,14 +365,22 @@ fn runtime_default_seccomp() -> SeccompProfile {
 
 /// FNV-1a over the JSON form: stable across processes and Rust versions (unlike std's
 /// hasher), so an operator restart does not re-apply every Deployment.
-fn content_hash(deployment: &Deployment) -> String {
-    let bytes = serde_json::to_vec(deployment).expect("a Deployment always serializes");
+fn content_hash(objects: &impl serde::Serialize) -> String {
+    let bytes = serde_json::to_vec(objects).expect("Kubernetes objects always serialize");
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in bytes {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     format!("{hash:016x}")
+}
+
+/// The relay pods' PodDisruptionBudget, or `None` when `spec.relay.disruptionBudget` turns
+/// it off.
+pub fn build_disruption_budget(
+    relay: &OutboxRelay,
+) -> Option<k8s_openapi::api::policy::v1::PodDisruptionBudget> {
+    disruption_budget(relay, &recommended_labels(relay), &selector_labels(relay))
 }
 
 /// The hash the builder stamped on a Deployment, if any.

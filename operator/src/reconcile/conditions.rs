@@ -11,6 +11,9 @@ pub const INDEX_READY: &str = "IndexReady";
 pub const DEGRADED: &str = "Degraded";
 pub const SCALING_ACTIVE: &str = "ScalingActive";
 pub const SCALING_LIMITED: &str = "ScalingLimited";
+/// kstatus' conventions (see `progress`): still working towards the spec, or stuck.
+pub const RECONCILING: &str = "Reconciling";
+pub const STALLED: &str = "Stalled";
 
 /// The three values Kubernetes allows for `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,6 +7,7 @@
 //!
 //! [`Context`]: crate::reconcile::Context
 
+pub mod claims;
 pub mod postgres;
 
 use std::time::Duration;

@@ -19,7 +19,9 @@ use kube::{Api, ResourceExt};
 
 use crate::crd::OutboxRelay;
 use crate::reconcile::apply::{apply_deployment, write_status};
-use crate::reconcile::build::{build_deployment, report_name, selector_string};
+use crate::reconcile::build::{
+    build_deployment, build_disruption_budget, report_name, selector_string,
+};
 use crate::reconcile::context::Context;
 use crate::reconcile::dereference::dereference_secrets;
 use crate::reconcile::error::Error;
@@ -121,7 +123,16 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
     );
     let existed = observed.live.is_some();
     let oom_kills = observed.oom_kills;
-    let applied = apply_deployment(ctx, relay, &deployments, observed.live, &desired).await?;
+    let budget = build_disruption_budget(relay);
+    let applied = apply_deployment(
+        ctx,
+        relay,
+        &deployments,
+        observed.live,
+        &desired,
+        budget.as_ref(),
+    )
+    .await?;
     if existed {
         announce_scaling(&ctx.recorder, relay, &scale).await;
     }

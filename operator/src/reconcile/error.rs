@@ -52,10 +52,21 @@ pub enum Error {
     /// The message is already redacted.
     #[error("reading the lag reports failed: {0}")]
     ObserveLag(String),
+    /// Another OutboxRelay relays this table of this database; this one runs no pods.
+    #[error(
+        "table {table} is relayed by OutboxRelay {relay} (its claim was renewed {renewed_seconds_ago:.0}s ago): two relays on one table would both run, with their own settings. Delete one of the two OutboxRelays, or point this one at another table; a deleted relay's claim expires 15 minutes after its last renewal"
+    )]
+    TableClaimed {
+        table: String,
+        relay: String,
+        renewed_seconds_ago: f64,
+    },
     #[error("reading the relay Deployment failed: {0}")]
     ObserveDeployment(#[source] kube::Error),
     #[error("applying the relay Deployment failed: {0}")]
     ApplyDeployment(#[source] kube::Error),
+    #[error("applying the relay pods' PodDisruptionBudget failed: {0}")]
+    ApplyDisruptionBudget(#[source] kube::Error),
     #[error("writing the status failed: {0}")]
     PatchStatus(#[source] kube::Error),
     #[error("the OutboxRelay has no namespace")]
@@ -80,8 +91,10 @@ impl Error {
             Error::MigrationFailed(_) => "migration_failed",
             Error::IdNotUnique(_) => "id_not_unique",
             Error::ObserveLag(_) => "observe_lag",
+            Error::TableClaimed { .. } => "table_claimed",
             Error::ObserveDeployment(_) => "observe_deployment",
             Error::ApplyDeployment(_) => "apply_deployment",
+            Error::ApplyDisruptionBudget(_) => "apply_disruption_budget",
             Error::PatchStatus(_) => "patch_status",
             Error::MissingNamespace => "missing_namespace",
         }
@@ -104,6 +117,7 @@ impl Error {
             Error::MigrationFailed(_) => Some("MigrationFailed"),
             Error::IdNotUnique(_) => Some("IdNotUnique"),
             Error::ObserveLag(_) => Some("LagUnavailable"),
+            Error::TableClaimed { .. } => Some("TableClaimedByAnotherRelay"),
             Error::MissingNamespace => Some("InvalidSpec"),
             // The API server refused the Deployment itself: something in the spec (a label,
             // a toleration, a resource quantity) is not valid there. The user must fix it.
@@ -112,11 +126,47 @@ impl Error {
             {
                 Some("DeploymentRejected")
             }
+            // An invalid maxUnavailable (a percentage the server refuses) is the spec's.
+            Error::ApplyDisruptionBudget(kube::Error::Api(status))
+                if status.is_invalid() || status.code == 400 =>
+            {
+                Some("DisruptionBudgetRejected")
+            }
             Error::ReadSecret(_)
             | Error::ReadConfigMap(_)
             | Error::ObserveDeployment(_)
             | Error::ApplyDeployment(_)
+            | Error::ApplyDisruptionBudget(_)
             | Error::PatchStatus(_) => None,
+        }
+    }
+
+    /// True for failures the operator's retries usually get past without anyone's help (the
+    /// database restarting, an API-server hiccup); the rest need a person, and the relay is
+    /// Stalled at once (see `progress`).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::DatabaseUnreachable(_)
+            | Error::ObserveLag(_)
+            | Error::ReadSecret(_)
+            | Error::ReadConfigMap(_)
+            | Error::ObserveDeployment(_)
+            | Error::PatchStatus(_) => true,
+            Error::ApplyDeployment(_) | Error::ApplyDisruptionBudget(_) => {
+                self.user_facing_reason().is_none()
+            }
+            Error::SecretNotFound { .. }
+            | Error::SecretKeyMissing { .. }
+            | Error::SecretValueInvalid { .. }
+            | Error::ConfigMapNotFound { .. }
+            | Error::ConfigMapKeyMissing { .. }
+            | Error::ConfigMapValueInvalid { .. }
+            | Error::InvalidSpec(_)
+            | Error::DatabaseRefused { .. }
+            | Error::MigrationFailed(_)
+            | Error::IdNotUnique(_)
+            | Error::TableClaimed { .. }
+            | Error::MissingNamespace => false,
         }
     }
 
@@ -167,6 +217,11 @@ mod tests {
             },
             Error::MigrationFailed("table missing".into()),
             Error::IdNotUnique("column id has no primary key".into()),
+            Error::TableClaimed {
+                table: "public.orders".into(),
+                relay: "shop/orders".into(),
+                renewed_seconds_ago: 12.0,
+            },
         ];
         let labels: std::collections::BTreeSet<_> =
             errors.iter().map(Error::metric_label).collect();

@@ -9,7 +9,7 @@
 //! | recommend the replicas | [`recommend`] ([`autoscaler`]) | pure |
 //! | build the Deployment | [`build`] | pure |
 //! | apply it, when it changed | [`apply`] | API server |
-//! | compute and write the status | [`status`] ([`conditions`], [`table_health`]), [`apply`] | pure, API server |
+//! | compute and write the status | [`status`] ([`conditions`], [`progress`], [`table_health`]), [`apply`] | pure, API server |
 //!
 //! [`driver`] runs the steps in that order. The replicas are recommended before the build, so
 //! a scale and a template change are one write, not two. The database steps go through the
@@ -31,6 +31,7 @@ pub mod memory;
 pub mod migrate;
 pub mod observe;
 pub mod pods;
+pub mod progress;
 pub mod recommend;
 pub mod status;
 pub mod table_health;

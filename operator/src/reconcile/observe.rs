@@ -69,13 +69,15 @@ pub async fn observe(
             .as_ref()
             .map_or(MANUAL_STALE_AFTER, |s| s.stale_after),
     };
-    let lag = database
-        .observe_lag(target, plan, query)
-        .await
-        .map_err(|error| {
+    let lag = match database.observe_lag(target, plan, query).await {
+        // Another relay holds the table: this one must stop here, before it runs pods.
+        Err(error @ Error::TableClaimed { .. }) => return Err(error),
+        Err(error) => {
             tracing::warn!(%error, "lag not observed this round");
-            error.to_string()
-        });
+            Err(error.to_string())
+        }
+        Ok(lag) => Ok(lag),
+    };
     Ok(Observed {
         live,
         previous_replicas,

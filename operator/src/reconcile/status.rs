@@ -17,6 +17,7 @@ use crate::reconcile::database::PodProblem;
 use crate::reconcile::error::Error;
 use crate::reconcile::migrate::MigrationOutcome;
 use crate::reconcile::pods::{OOM_KILLED, OomKill, oom_message};
+use crate::reconcile::progress::Progress;
 use crate::reconcile::recommend::ScalingOutcome;
 use crate::reconcile::table_health::{VACUUM_BLOCKED, table_health_status, vacuum_blocked_message};
 
@@ -77,31 +78,40 @@ pub fn healthy_status(
         .lag
         .as_ref()
         .and_then(|l| l.problem.as_ref());
-    let (ready, degraded) = match problem {
-        // The pods run but cannot relay: that outranks how far the rollout got.
+    let (ready, degraded, progress) = match problem {
+        // The pods run but cannot relay: that outranks how far the rollout got, and it takes
+        // a person (an exchange to declare, a password to fix).
         Some(problem) => {
             let message = pod_problem_message(problem);
             (
                 NewCondition::new(READY, false, &problem.reason, message.clone()),
-                NewCondition::new(DEGRADED, true, &problem.reason, message),
+                NewCondition::new(DEGRADED, true, &problem.reason, message.clone()),
+                Progress::stuck(&problem.reason, message),
             )
         }
         // Killed by the kernel, a relay cannot report why: the pods' statuses say it. Ready
-        // only while every killed pod runs again.
+        // only while every killed pod runs again; while one is down, the limit needs a person.
         None if !observed.oom_kills.is_empty() => {
             let message = oom_message(observed.oom_kills);
-            let ready = if observed.oom_kills.iter().any(|kill| kill.down) {
-                NewCondition::new(READY, false, OOM_KILLED, message.clone())
+            let (ready, progress) = if observed.oom_kills.iter().any(|kill| kill.down) {
+                (
+                    NewCondition::new(READY, false, OOM_KILLED, message.clone()),
+                    Progress::stuck(OOM_KILLED, message.clone()),
+                )
             } else {
-                progress_condition(observed, index_ready)
+                let ready = progress_condition(observed, index_ready);
+                let progress = rollout_progress(&ready, observed.deployment);
+                (ready, progress)
             };
             (
                 ready,
                 NewCondition::new(DEGRADED, true, OOM_KILLED, message),
+                progress,
             )
         }
         None => {
             let ready = progress_condition(observed, index_ready);
+            let progress = rollout_progress(&ready, observed.deployment);
             // The relay still runs while VACUUM is blocked: Degraded, not un-Ready.
             let degraded = match status.table_health.as_ref().filter(|h| h.vacuum_blocked) {
                 Some(health) => NewCondition::new(
@@ -112,12 +122,46 @@ pub fn healthy_status(
                 ),
                 None => NewCondition::new(DEGRADED, false, "AsExpected", "no problems found"),
             };
-            (ready, degraded)
+            (ready, degraded, progress)
         }
     };
     set_condition(&mut status.conditions, ready, generation, now);
     set_condition(&mut status.conditions, degraded, generation, now);
+    for condition in progress.conditions() {
+        set_condition(&mut status.conditions, condition, generation, now);
+    }
     status
+}
+
+/// Progress as far as Ready tells it: done once Ready, else working on it, unless the
+/// Deployment controller gave up on the rollout (its progress deadline passed: pods that never
+/// become ready, an image that cannot be pulled), which needs a person.
+fn rollout_progress(ready: &NewCondition, deployment: &Deployment) -> Progress {
+    if ready.status == ConditionStatus::True {
+        return Progress::Done;
+    }
+    let deadline_passed = deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_.as_deref() == Some("Progressing") && c.status.as_deref() == Some("False"))
+        .filter(|c| c.reason.as_deref() == Some("ProgressDeadlineExceeded"));
+    match deadline_passed {
+        Some(condition) => Progress::stuck(
+            "ProgressDeadlineExceeded",
+            format!(
+                "{}: {}",
+                ready.message,
+                condition
+                    .message
+                    .as_deref()
+                    .unwrap_or("the rollout made no progress")
+            ),
+        ),
+        None => Progress::working(&ready.reason, &ready.message),
+    }
 }
 
 /// Ready as far as the migration and the rollout have got.
@@ -166,6 +210,17 @@ pub fn failed_status(
         generation,
         now,
     );
+    let not_ready_since = conditions::find(&status.conditions, READY)
+        .filter(|ready| ready.status == "False")
+        .map(|ready| ready.last_transition_time.0);
+    let progress = if error.is_transient() {
+        Progress::retrying(reason, &message, not_ready_since, now)
+    } else {
+        Progress::stuck(reason, message.clone())
+    };
+    for condition in progress.conditions() {
+        set_condition(&mut status.conditions, condition, generation, now);
+    }
     if error.concerns_the_index() {
         set_condition(
             &mut status.conditions,
@@ -338,7 +393,8 @@ fn rollout_condition(observed: &Observation<'_>) -> NewCondition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::apps::v1::DeploymentStatus;
+    use crate::reconcile::conditions::{RECONCILING, STALLED};
+    use k8s_openapi::api::apps::v1::{DeploymentCondition, DeploymentStatus};
     use outbox_relay::table::migrate::MigrationReport;
 
     fn at(seconds: i64) -> Timestamp {
@@ -416,6 +472,12 @@ mod tests {
             ("True", "IndexCreated")
         );
         assert_eq!(condition(&progressing, DEGRADED), ("False", "AsExpected"));
+        // kstatus: in progress, not stalled.
+        assert_eq!(
+            condition(&progressing, RECONCILING),
+            ("True", "Progressing")
+        );
+        assert_eq!(condition(&progressing, STALLED), ("False", "Progressing"));
         assert_eq!(progressing.observed_generation, Some(4));
         assert_eq!(progressing.ready_replicas, Some(1));
         assert_eq!(progressing.selector.as_deref(), Some("a=b"));
@@ -424,6 +486,8 @@ mod tests {
         let already = MigrationOutcome::AlreadyMigrated;
         let ready = healthy_status(Some(&progressing), &observe(&already, &d, 2), at(20));
         assert_eq!(condition(&ready, READY), ("True", "Available"));
+        assert_eq!(condition(&ready, RECONCILING), ("False", "Reconciled"));
+        assert_eq!(condition(&ready, STALLED), ("False", "Reconciled"));
         // The migration's own reason is kept while nothing new was migrated.
         assert_eq!(condition(&ready, INDEX_READY), ("True", "IndexCreated"));
         let index = conditions::find(&ready.conditions, INDEX_READY).unwrap();
@@ -496,6 +560,76 @@ mod tests {
         let d = deployment(0, 0);
         let status = healthy_status(None, &observe(&migrated, &d, 0), at(10));
         assert_eq!(condition(&status, READY), ("True", "ScaledToZero"));
+    }
+
+    #[test]
+    fn a_rollout_past_its_progress_deadline_is_stalled() {
+        let migrated = report(IndexAction::AlreadyValid);
+        let mut d = deployment(1, 0);
+        d.status.as_mut().unwrap().conditions = Some(vec![DeploymentCondition {
+            type_: Some("Progressing".into()),
+            status: Some("False".into()),
+            reason: Some("ProgressDeadlineExceeded".into()),
+            message: Some("ReplicaSet \"t-1\" has timed out progressing.".into()),
+            ..Default::default()
+        }]);
+        let status = healthy_status(None, &observe(&migrated, &d, 1), at(10));
+        assert_eq!(condition(&status, READY), ("False", "Progressing"));
+        assert_eq!(
+            condition(&status, STALLED),
+            ("True", "ProgressDeadlineExceeded")
+        );
+        assert_eq!(condition(&status, RECONCILING).0, "False");
+        let stalled = conditions::find(&status.conditions, STALLED).unwrap();
+        assert!(stalled.message.contains("timed out"), "{}", stalled.message);
+    }
+
+    #[test]
+    fn pods_that_cannot_relay_stall_the_relay() {
+        let migrated = report(IndexAction::AlreadyValid);
+        let d = deployment(1, 1);
+        let mut scaling = manual().clone();
+        scaling.lag = Some(crate::reconcile::database::LagObservation {
+            problem: Some(PodProblem {
+                reason: "ExchangeNotFound".into(),
+                message: "exchange x does not exist".into(),
+                pods: vec!["t-a".into()],
+            }),
+            ..Default::default()
+        });
+        let observed = Observation {
+            scaling: &scaling,
+            ..observe(&migrated, &d, 1)
+        };
+        let status = healthy_status(None, &observed, at(10));
+        assert_eq!(condition(&status, STALLED), ("True", "ExchangeNotFound"));
+        assert_eq!(condition(&status, RECONCILING).0, "False");
+    }
+
+    #[test]
+    fn a_person_is_needed_at_once_for_a_missing_secret_but_only_later_for_a_database_away() {
+        let missing = Error::SecretNotFound { name: "db".into() };
+        let status = failed_status(None, Some(2), "SecretNotFound", &missing, at(10));
+        assert_eq!(condition(&status, STALLED), ("True", "SecretNotFound"));
+        assert_eq!(condition(&status, RECONCILING).0, "False");
+
+        let away = Error::DatabaseUnreachable("connection refused".into());
+        let first = failed_status(None, Some(2), "DatabaseUnreachable", &away, at(100));
+        assert_eq!(
+            condition(&first, RECONCILING),
+            ("True", "DatabaseUnreachable")
+        );
+        assert_eq!(condition(&first, STALLED).0, "False");
+        // Still unreachable a minute later: still retrying.
+        let later = failed_status(Some(&first), Some(2), "DatabaseUnreachable", &away, at(160));
+        assert_eq!(condition(&later, STALLED).0, "False");
+        // Ready has been False for longer than STALL_AFTER: a person should look.
+        let stalled = failed_status(Some(&later), Some(2), "DatabaseUnreachable", &away, at(500));
+        assert_eq!(
+            condition(&stalled, STALLED),
+            ("True", "DatabaseUnreachable")
+        );
+        assert_eq!(condition(&stalled, RECONCILING).0, "False");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
@@ -48,32 +49,31 @@ fn relays_naming(
         .collect()
 }
 
+/// The objects of kind `K` in `namespace`, or in every namespace.
+fn api_in<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// Runs the controller for one namespace (or all, with `None`) until `shutdown` resolves.
 pub async fn run_controller(
     ctx: Arc<Context>,
     namespace: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let client = ctx.client.clone();
-    let (relays, deployments, secrets, config_maps): (
-        Api<OutboxRelay>,
-        Api<Deployment>,
-        Api<Secret>,
-        Api<ConfigMap>,
-    ) = match &namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client, ns),
-        ),
-        None => (
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client),
-        ),
-    };
+    let scope = namespace.as_deref();
+    let relays: Api<OutboxRelay> = api_in(&ctx.client, scope);
+    let deployments: Api<Deployment> = api_in(&ctx.client, scope);
+    // Secrets and ConfigMaps as metadata only (an Api of PartialObjectMeta makes metadata-only
+    // requests): a change of one's version wakes the relays that name it, and the reconcile
+    // reads those by name. No value of an unrelated Secret reaches the operator or its cache.
+    let secrets: Api<PartialObjectMeta<Secret>> = api_in(&ctx.client, scope);
+    let config_maps: Api<PartialObjectMeta<ConfigMap>> = api_in(&ctx.client, scope);
     let controller = Controller::new(relays, watcher::Config::default().any_semantic());
     let store = controller.store();
     let config_map_store = store.clone();
@@ -85,7 +85,7 @@ pub async fn run_controller(
         .watches(
             secrets,
             watcher::Config::default(),
-            move |secret: Secret| {
+            move |secret: PartialObjectMeta<Secret>| {
                 relays_referencing(
                     &store,
                     secret.metadata.namespace.as_deref(),
@@ -96,7 +96,7 @@ pub async fn run_controller(
         .watches(
             config_maps,
             watcher::Config::default(),
-            move |config_map: ConfigMap| {
+            move |config_map: PartialObjectMeta<ConfigMap>| {
                 relays_referencing_config_map(
                     &config_map_store,
                     config_map.metadata.namespace.as_deref(),

@@ -253,7 +253,7 @@ async fn start(files: &Files) -> anyhow::Result<Cluster> {
     // The chart's own operator pod; helm's --wait sees it ready.
     let installing = plane.clone();
     tokio::task::spawn_blocking(move || {
-        install_chart_cluster_wide(&installing, RELEASE_NAMESPACE, 1)
+        install_chart_cluster_wide(&installing, RELEASE_NAMESPACE, 1, &[])
     })
     .await?
     .context("helm install")?;

@@ -11,6 +11,7 @@
 
 mod certs;
 mod kubeconfig;
+mod release;
 pub mod spawn;
 
 use std::io::{BufRead, BufReader};
@@ -24,6 +25,7 @@ use anyhow::{Context as _, bail};
 use kube::Client;
 
 pub use certs::{CertFiles, Usage};
+pub use release::{RELEASE_ENV, Release};
 
 use crate::services::SERVICES_ADDRESS;
 
@@ -33,8 +35,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// The controllers a test cluster needs: Deployments make ReplicaSets make Pods; the garbage
 /// collector follows owner references; namespaces can be deleted; ServiceAccounts and their
 /// CA bundle appear in every namespace. The node lifecycle controller removes the `not-ready`
-/// taint a kubelet registers its node with, once the node is Ready. Taint-based eviction is
-/// left out.
+/// taint a kubelet registers its node with, once the node is Ready. The disruption controller
+/// keeps PodDisruptionBudgets' allowances, which evictions (a drain) consult. Taint-based
+/// eviction is left out.
 const CONTROLLERS: &[&str] = &[
     "deployment-controller",
     "node-lifecycle-controller",
@@ -45,15 +48,21 @@ const CONTROLLERS: &[&str] = &[
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
     "endpointslice-controller",
+    "disruption-controller",
 ];
 
 /// Records who did what for every ServiceAccount (the operator, the relays' tokens) with the
-/// response code, and nothing for the test's admin or the controllers' own certificates.
+/// response code, and nothing for the test's admin or the controllers' own certificates. Their
+/// Secret requests are recorded with the response, so a test sees which Secrets' values a
+/// ServiceAccount received.
 const AUDIT_POLICY: &str = "\
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
+  - level: RequestResponse
+    userGroups: [\"system:serviceaccounts\"]
+    resources: [{group: \"\", resources: [\"secrets\"]}]
   - level: Metadata
     userGroups: [\"system:serviceaccounts\"]
   - level: None
@@ -68,6 +77,8 @@ struct Component {
 pub struct ControlPlane {
     dir: PathBuf,
     bin: PathBuf,
+    /// Which Kubernetes it runs (`OUTBOX_KUBERNETES`).
+    pub release: Release,
     /// `https://127.0.0.1:PORT`.
     pub server: String,
     /// The admin's kubeconfig (a client certificate in `system:masters`).
@@ -115,7 +126,8 @@ impl ControlPlane {
     }
 
     fn boot(dir: PathBuf, keep_dir: bool) -> anyhow::Result<ControlPlane> {
-        let bin = binaries()?;
+        let release = Release::from_env()?;
+        let bin = binaries(release)?;
         let certs = certs::write(&dir)?;
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
@@ -132,6 +144,7 @@ impl ControlPlane {
         let plane = ControlPlane {
             dir: dir.clone(),
             bin,
+            release,
             server,
             kubeconfig,
             certs,
@@ -209,6 +222,9 @@ impl ControlPlane {
         let api_args: Vec<&str> = api_args.iter().map(String::as_str).collect();
         plane.launch("kube-apiserver", &api_args)?;
         plane.wait_ready("/readyz")?;
+        if !release.runs_controllers() {
+            return Ok(plane);
+        }
 
         let controllers = CONTROLLERS.join(",");
         let kcm_args = [
@@ -235,6 +251,12 @@ impl ControlPlane {
     /// kube-scheduler, which places pods on the nodes that kubelets register. Started with the
     /// first real node (see `crate::node`), once: later nodes find it running.
     pub fn start_scheduler(&self) -> anyhow::Result<()> {
+        if !self.release.runs_controllers() {
+            bail!(
+                "a node needs the control plane's controllers, scheduler and kubelet: {RELEASE_ENV}={:?} builds etcd, kube-apiserver and kubectl only",
+                self.release
+            );
+        }
         let components = self.components.lock().expect("not poisoned");
         if components.iter().any(|c| c.name == "kube-scheduler") {
             return Ok(());
@@ -408,6 +430,20 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Creates the namespace labelled `pod-security.kubernetes.io/enforce: restricted`, so the
+    /// API server itself refuses any pod in it that breaks the restricted profile.
+    pub fn create_restricted_namespace(&self, namespace: &str) -> anyhow::Result<()> {
+        self.create_namespace(namespace)?;
+        self.kubectl_ok(&[
+            "label",
+            "namespace",
+            namespace,
+            "--overwrite",
+            "pod-security.kubernetes.io/enforce=restricted",
+        ])
+        .map(drop)
+    }
+
     /// A kubeconfig holding a token of ServiceAccount `namespace/name` (TokenRequest, as
     /// `kubectl create token` does), written next to the control plane's files.
     pub fn service_account_kubeconfig(
@@ -482,16 +518,23 @@ pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-/// The binaries' directory: `OUTBOX_CONTROL_PLANE_BIN`, else what `build.sh` prints (it
-/// builds them on first use and answers from its cache after that).
-fn binaries() -> anyhow::Result<PathBuf> {
-    if let Ok(dir) = std::env::var("OUTBOX_CONTROL_PLANE_BIN") {
+/// The binaries' directory: `OUTBOX_CONTROL_PLANE_BIN` for the current release, else what
+/// `build.sh` prints for the release's module (it builds them on first use and answers from
+/// its cache after that).
+fn binaries(release: Release) -> anyhow::Result<PathBuf> {
+    if let Ok(dir) = std::env::var("OUTBOX_CONTROL_PLANE_BIN")
+        && release == Release::Current
+    {
         return Ok(PathBuf::from(dir));
     }
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BIN.get_or_init(|| {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("control-plane/build.sh");
-        crate::process::path_printed_by(&script, "the control plane could not be built")
+        crate::process::path_printed_by(
+            &script,
+            &[release.module_dir().as_os_str()],
+            "the control plane could not be built",
+        )
     })
     .clone()
     .map_err(anyhow::Error::msg)

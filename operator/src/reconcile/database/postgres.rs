@@ -20,6 +20,7 @@ use outbox_relay::table::sql::Statements;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 
+use crate::reconcile::database::claims::{Claim, claim_table};
 use crate::reconcile::database::{
     LagObservation, LagQuery, MigrationRun, PodProblem, RelayDatabase,
 };
@@ -90,6 +91,32 @@ async fn observe_lag(
 ) -> Result<LagObservation, Error> {
     let database_url = target.url();
     let mut conn = connect(target).await?;
+    // Every round renews the relay's claim on its table, or finds another relay holds it.
+    match claim_table(&mut conn, &plan.table.name, &query.relay_name).await {
+        Ok(Claim::Held) => {}
+        Ok(Claim::NotChecked(why)) => {
+            tracing::warn!(
+                relay = %query.relay_name,
+                reason = %redact(&why, database_url),
+                "cannot record which relay holds the table; two OutboxRelays on it would both run"
+            );
+        }
+        Ok(Claim::HeldBy {
+            relay,
+            renewed_seconds_ago,
+        }) => {
+            let _ = conn.close().await;
+            return Err(Error::TableClaimed {
+                table: plan.table.name.to_string(),
+                relay,
+                renewed_seconds_ago,
+            });
+        }
+        Err(e) => {
+            let _ = conn.close().await;
+            return Err(Error::ObserveLag(redact(&e.to_string(), database_url)));
+        }
+    }
     let result = if query.running == 0 {
         measure(&mut conn, plan).await
     } else {

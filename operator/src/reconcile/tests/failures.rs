@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 
 use super::scenario::{Scenario, amqp_secret, assert_conditions, message, orders_relay};
 use crate::crd::OutboxRelay;
-use crate::reconcile::conditions::{DEGRADED, INDEX_READY, READY};
+use crate::reconcile::conditions::{DEGRADED, INDEX_READY, READY, RECONCILING, STALLED};
 use crate::reconcile::{Error, error_policy};
 use crate::test_support::api_server::Reply;
 use crate::test_support::{LEAK_CANARY, database_url_with_canary, secret};
@@ -24,6 +24,9 @@ async fn missing_secret_is_reported_without_a_deployment() {
                 &[
                     (READY, "False", "SecretNotFound"),
                     (DEGRADED, "True", "SecretNotFound"),
+                    // A person must create it: kstatus reads Failed, not InProgress.
+                    (STALLED, "True", "SecretNotFound"),
+                    (RECONCILING, "False", "SecretNotFound"),
                 ],
             );
             let ready = message(status, READY);
@@ -116,6 +119,9 @@ async fn unreachable_database_degrades_the_relay() {
                     (DEGRADED, "True", "DatabaseUnreachable"),
                     (READY, "False", "DatabaseUnreachable"),
                     (INDEX_READY, "False", "DatabaseUnreachable"),
+                    // Retried by the operator: in progress until it has lasted 5 minutes.
+                    (RECONCILING, "True", "DatabaseUnreachable"),
+                    (STALLED, "False", "DatabaseUnreachable"),
                 ],
             );
             let degraded = message(status, DEGRADED);
@@ -425,4 +431,43 @@ fn a_pod_problem_is_announced_when_it_starts_not_while_it_lasts() {
     let blocked = NewCondition::new(READY, false, "ExchangeNotFound", "pod orders-7f9c ...");
     set_condition(&mut status.conditions, blocked, Some(1), now);
     assert!(!problem_started(Some(&status), &problem));
+}
+
+#[tokio::test]
+async fn a_table_another_relay_holds_stalls_this_one_before_it_runs_pods() {
+    let outcome = Scenario::new(orders_relay("outbox_messages"))
+        .migrated_before()
+        .database(|db| {
+            db.lag(|_| {
+                Err(Error::TableClaimed {
+                    table: "outbox_messages".into(),
+                    relay: "billing/orders".into(),
+                    renewed_seconds_ago: 20.0,
+                })
+            })
+        })
+        .reads_secrets()
+        .finds_no_deployment()
+        .writes_status(|status| {
+            assert_conditions(
+                status,
+                &[
+                    (READY, "False", "TableClaimedByAnotherRelay"),
+                    (STALLED, "True", "TableClaimedByAnotherRelay"),
+                ],
+            );
+            let stalled = message(status, STALLED);
+            assert!(stalled.contains("OutboxRelay billing/orders"), "{stalled}");
+        })
+        .warning("TableClaimedByAnotherRelay", "billing/orders")
+        .run()
+        .await;
+    // Read, never written: no Deployment, so no pod relays the table a second time.
+    assert!(
+        !outcome
+            .seen
+            .iter()
+            .any(|e| e.uri.contains("/deployments") && e.method != http::Method::GET)
+    );
+    assert!(matches!(outcome.result, Err(Error::TableClaimed { .. })));
 }

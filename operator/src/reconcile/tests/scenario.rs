@@ -26,6 +26,7 @@ const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/shop/deployments/orders";
 const PODS: &str = "/api/v1/namespaces/shop/pods";
 const STATUS: &str = "/apis/outboxrelay.io/v1alpha1/namespaces/shop/outboxrelays/orders/status";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
+const BUDGET: &str = "/apis/policy/v1/namespaces/shop/poddisruptionbudgets/orders";
 /// The versions of the fixtures' two Secrets, as the pipeline fingerprints them.
 pub const SECRETS_FINGERPRINT: &str = "orders-amqp=7,orders-db=7";
 
@@ -146,7 +147,7 @@ impl Scenario {
     }
 
     /// The Deployment is applied, checked, and served back at `generation` with its replicas
-    /// `ready`.
+    /// `ready`; then the relay pods' PodDisruptionBudget is applied.
     pub fn applies_deployment(
         self,
         generation: i64,
@@ -162,6 +163,18 @@ impl Scenario {
                 ready.min(replicas),
                 replicas,
             ))
+        }))
+        // The relay pods' disruption budget goes with it: at most one pod at a time.
+        .expect(Step::write(Method::PATCH, BUDGET, |body| {
+            assert_eq!(body["spec"]["maxUnavailable"], 1, "{body}");
+            assert_eq!(
+                body["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"],
+                "orders"
+            );
+            assert_eq!(
+                body["metadata"]["ownerReferences"][0]["kind"],
+                "OutboxRelay"
+            );
         }))
     }
 

@@ -1,0 +1,119 @@
+//! Which OutboxRelay relays a table. Two OutboxRelays naming the same table of one database
+//! would both run relays, with possibly different settings; the first to claim the table in
+//! the database itself keeps it, so the check holds across namespaces, operators and clusters,
+//! and no Secret's text is compared. The claim lives in `outbox_relay_claims` next to the
+//! outbox table (one row per table), renewed by every reconcile of its holder; a claim nobody
+//! renewed for [`CLAIM_EXPIRES_AFTER`] (its OutboxRelay deleted, its operator gone) is taken
+//! by the next relay that asks.
+
+use std::time::Duration;
+
+use outbox_relay::table::ident::{Ident, TableName};
+use sqlx::{AssertSqlSafe, PgConnection};
+
+pub const CLAIMS_TABLE: &str = "outbox_relay_claims";
+/// Three resync intervals of the operator's default (5 minutes): a holder that still exists is
+/// reconciled well within it.
+pub const CLAIM_EXPIRES_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// Who holds the claim on a table, after asking for it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The asking relay: it was free, expired, or already its own (now renewed).
+    Held,
+    /// Another relay, `namespace/name`, renewed `renewed_seconds_ago`.
+    HeldBy {
+        relay: String,
+        renewed_seconds_ago: f64,
+    },
+    /// The database role may not create the claims table (a table migrated by someone else
+    /// with `outbox-relay migrate`, a role without CREATE on the schema): the check is skipped,
+    /// as it is a guard, not something relaying needs.
+    NotChecked(String),
+}
+
+fn claims_table(outbox: &TableName) -> TableName {
+    TableName {
+        schema: outbox.schema.clone(),
+        table: Ident::new(CLAIMS_TABLE).expect("constant is valid"),
+    }
+}
+
+/// Claims `outbox` for `relay` (`namespace/name`), or says who has it.
+pub async fn claim_table(
+    conn: &mut PgConnection,
+    outbox: &TableName,
+    relay: &str,
+) -> Result<Claim, sqlx::Error> {
+    match try_claim(conn, outbox, relay).await {
+        Err(e) if is_insufficient_privilege(&e) => Ok(Claim::NotChecked(e.to_string())),
+        other => other,
+    }
+}
+
+async fn try_claim(
+    conn: &mut PgConnection,
+    outbox: &TableName,
+    relay: &str,
+) -> Result<Claim, sqlx::Error> {
+    let claims = claims_table(outbox).quoted();
+    create_claims_table(conn, &claims).await?;
+    let won: Option<(String,)> = sqlx::query_as(AssertSqlSafe(format!(
+        "INSERT INTO {claims} AS c (outbox_table, relay) VALUES ($1, $2) \
+         ON CONFLICT (outbox_table) DO UPDATE SET relay = EXCLUDED.relay, renewed_at = now(), \
+           claimed_at = CASE WHEN c.relay = EXCLUDED.relay THEN c.claimed_at ELSE now() END \
+         WHERE c.relay = EXCLUDED.relay OR c.renewed_at < now() - make_interval(secs => $3) \
+         RETURNING relay"
+    )))
+    .bind(outbox.to_string())
+    .bind(relay)
+    .bind(CLAIM_EXPIRES_AFTER.as_secs_f64())
+    .fetch_optional(&mut *conn)
+    .await?;
+    if won.is_some() {
+        return Ok(Claim::Held);
+    }
+    let (holder, ago): (String, f64) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT relay, extract(epoch FROM now() - renewed_at)::float8 FROM {claims} \
+         WHERE outbox_table = $1"
+    )))
+    .bind(outbox.to_string())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(Claim::HeldBy {
+        relay: holder,
+        renewed_seconds_ago: ago,
+    })
+}
+
+/// Creates the claims table when missing. Two first claims at once may both try: the loser's
+/// duplicate-type or duplicate-table error means the table exists, which is all it needs.
+async fn create_claims_table(conn: &mut PgConnection, claims: &str) -> Result<(), sqlx::Error> {
+    let created = sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {claims} (\
+           outbox_table text PRIMARY KEY, \
+           relay text NOT NULL, \
+           claimed_at timestamptz NOT NULL DEFAULT now(), \
+           renewed_at timestamptz NOT NULL DEFAULT now())"
+    )))
+    .execute(&mut *conn)
+    .await;
+    match created {
+        Err(e) if is_duplicate(&e) => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+fn is_insufficient_privilege(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "42501")
+}
+
+fn is_duplicate(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "23505" || code == "42P07")
+}
