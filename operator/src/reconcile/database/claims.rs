@@ -46,7 +46,9 @@ pub async fn claim_table(
     relay: &str,
 ) -> Result<Claim, sqlx::Error> {
     match try_claim(conn, outbox, relay).await {
-        Err(e) if is_insufficient_privilege(&e) => Ok(Claim::NotChecked(e.to_string())),
+        Err(e) if has_sql_state(&e, &[INSUFFICIENT_PRIVILEGE]) => {
+            Ok(Claim::NotChecked(e.to_string()))
+        }
         other => other,
     }
 }
@@ -57,19 +59,14 @@ async fn try_claim(
     relay: &str,
 ) -> Result<Claim, sqlx::Error> {
     let claims = claims_table(outbox).quoted();
-    create_claims_table(conn, &claims).await?;
-    let won: Option<(String,)> = sqlx::query_as(AssertSqlSafe(format!(
-        "INSERT INTO {claims} AS c (outbox_table, relay) VALUES ($1, $2) \
-         ON CONFLICT (outbox_table) DO UPDATE SET relay = EXCLUDED.relay, renewed_at = now(), \
-           claimed_at = CASE WHEN c.relay = EXCLUDED.relay THEN c.claimed_at ELSE now() END \
-         WHERE c.relay = EXCLUDED.relay OR c.renewed_at < now() - make_interval(secs => $3) \
-         RETURNING relay"
-    )))
-    .bind(outbox.to_string())
-    .bind(relay)
-    .bind(CLAIM_EXPIRES_AFTER.as_secs_f64())
-    .fetch_optional(&mut *conn)
-    .await?;
+    // The table exists after the first claim in a schema: no DDL on the rounds after that.
+    let won = match upsert_claim(conn, &claims, outbox, relay).await {
+        Err(e) if has_sql_state(&e, &[UNDEFINED_TABLE]) => {
+            create_claims_table(conn, &claims).await?;
+            upsert_claim(conn, &claims, outbox, relay).await?
+        }
+        other => other?,
+    };
     if won.is_some() {
         return Ok(Claim::Held);
     }
@@ -86,6 +83,27 @@ async fn try_claim(
     })
 }
 
+/// Takes or renews the claim; the row comes back when `relay` holds it now.
+async fn upsert_claim(
+    conn: &mut PgConnection,
+    claims: &str,
+    outbox: &TableName,
+    relay: &str,
+) -> Result<Option<(String,)>, sqlx::Error> {
+    sqlx::query_as(AssertSqlSafe(format!(
+        "INSERT INTO {claims} AS c (outbox_table, relay) VALUES ($1, $2) \
+         ON CONFLICT (outbox_table) DO UPDATE SET relay = EXCLUDED.relay, renewed_at = now(), \
+           claimed_at = CASE WHEN c.relay = EXCLUDED.relay THEN c.claimed_at ELSE now() END \
+         WHERE c.relay = EXCLUDED.relay OR c.renewed_at < now() - make_interval(secs => $3) \
+         RETURNING relay"
+    )))
+    .bind(outbox.to_string())
+    .bind(relay)
+    .bind(CLAIM_EXPIRES_AFTER.as_secs_f64())
+    .fetch_optional(&mut *conn)
+    .await
+}
+
 /// Creates the claims table when missing. Two first claims at once may both try: the loser's
 /// duplicate-type or duplicate-table error means the table exists, which is all it needs.
 async fn create_claims_table(conn: &mut PgConnection, claims: &str) -> Result<(), sqlx::Error> {
@@ -99,21 +117,20 @@ async fn create_claims_table(conn: &mut PgConnection, claims: &str) -> Result<()
     .execute(&mut *conn)
     .await;
     match created {
-        Err(e) if is_duplicate(&e) => Ok(()),
+        Err(e) if has_sql_state(&e, &[UNIQUE_VIOLATION, DUPLICATE_TABLE]) => Ok(()),
         other => other.map(drop),
     }
 }
 
-fn is_insufficient_privilege(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .and_then(|e| e.code())
-        .is_some_and(|code| code == "42501")
-}
+const UNDEFINED_TABLE: &str = "42P01";
+const DUPLICATE_TABLE: &str = "42P07";
+const UNIQUE_VIOLATION: &str = "23505";
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
 
-fn is_duplicate(error: &sqlx::Error) -> bool {
+/// Whether PostgreSQL answered with one of the SQLSTATE `codes`.
+fn has_sql_state(error: &sqlx::Error, codes: &[&str]) -> bool {
     error
         .as_database_error()
         .and_then(|e| e.code())
-        .is_some_and(|code| code == "23505" || code == "42P07")
+        .is_some_and(|code| codes.contains(&code.as_ref()))
 }
