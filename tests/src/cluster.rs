@@ -315,13 +315,15 @@ pub fn denials(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String>
 
 /// Audit records of ServiceAccount `namespace/name` the API server refused: every 4xx and 5xx
 /// but the ones a working client meets, a `get` or `delete` of an object that is not there
-/// (404), a write that lost an optimistic-concurrency race (409) and an expired resource
-/// version (410). So a resource, version or field the server does not serve shows up (404 on
-/// a list, watch or apply; 400; 422), besides denials.
+/// (404), a write that lost an optimistic-concurrency race (409), an expired resource
+/// version (410) and a request API Priority and Fairness asked to retry (429: a loaded API
+/// server sheds requests this way, and every client retries them). So a resource, version or
+/// field the server does not serve shows up (404 on a list, watch or apply; 400; 422),
+/// besides denials.
 pub fn refusals(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String> {
     audited_responses(plane, namespace, name, |code, verb| {
         let expected =
-            matches!(code, 409 | 410) || (code == 404 && matches!(verb, "get" | "delete"));
+            matches!(code, 409 | 410 | 429) || (code == 404 && matches!(verb, "get" | "delete"));
         code >= 400 && !expected
     })
 }
