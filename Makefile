@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
+.PHONY: docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
 
 all: build
 
@@ -32,6 +32,22 @@ release:
 
 services:
 	./scripts/services.sh
+
+## docs: build the book (docs/, mkdocs.yml) into .cache/docs/site/.
+docs:
+	./scripts/docs.sh build
+
+## docs-reference: regenerate the book's reference pages (docs/reference/api.md, cli.md,
+## metrics.md) from the CRD, the binaries' --help and the metric registries; the docs_reference
+## test fails when they are stale.
+docs-reference:
+	$(CARGO) build --release -p outbox-relay -p outbox-operator --bins
+	$(CARGO) run --release -p outbox-tests --bin docs-reference
+
+## docs-check: the book built with warnings as errors (links and #anchors included), its links
+## into the repository, and its pages opened in headless Chromium.
+docs-check:
+	./scripts/docs.sh check
 
 ## node-check: the machine can run the tests' Kubernetes node (root, cgroup v1), said at once.
 node-check:
@@ -48,8 +64,8 @@ demo: services release
 
 ## test: everything CI runs: first what the machine lacks (root, cgroups for the node; Go for
 ## the control plane's build), then lint, the tests, the PostgreSQL matrix, the chart check, the
-## smoke runs and the fuzz run.
-test: node-check control-plane services image-tools lint test-rust chart-check bench-smoke chaos-smoke fuzz
+## book, the smoke runs and the fuzz run.
+test: node-check control-plane services image-tools lint test-rust chart-check docs-check bench-smoke chaos-smoke fuzz
 
 ## control-plane: build the tests' Kubernetes (etcd, the control plane, the node's kubelet and
 ## kube-proxy, kubectl) and the oldest minor the chart supports (etcd, kube-apiserver, kubectl);

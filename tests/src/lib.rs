@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod cluster;
 pub mod control_plane;
 pub mod db;
+pub mod docs_reference;
 pub mod health;
 pub mod helm;
 pub mod history;

@@ -21,14 +21,25 @@ fn plane_with_crd() -> &'static ControlPlane {
         plane
             .kubectl_ok(&["apply", "--server-side", "-f", crd.to_str().unwrap()])
             .expect("the real API server accepts the CRD");
-        plane
-            .kubectl_ok(&[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
+        // Polled rather than `kubectl wait --for=condition=Established`: kubectl 1.34's wait
+        // fails at once, instead of waiting, while the new CRD has no conditions yet.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let established = loop {
+            let status = plane.kubectl_ok(&[
+                "get",
                 "crd/outboxrelays.outboxrelay.io",
-            ])
-            .expect("the CRD becomes Established");
+                "-o",
+                r#"jsonpath={.status.conditions[?(@.type=="Established")].status}"#,
+            ]);
+            if matches!(&status, Ok(s) if s.trim() == "True") {
+                break true;
+            }
+            if std::time::Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        assert!(established, "the CRD did not become Established in 60 s");
     });
     plane
 }

@@ -54,7 +54,7 @@ pub fn vacuum_blocked_message(health: &TableHealthStatus, table: &str) -> String
     format!(
         "the cleanup horizon has been held back for {held} ({} transactions): {holder}. VACUUM \
          cannot remove the dead rows of table {table}{dead} until it ends, and claims slow down; \
-         end that transaction or session (README, \"The cleanup horizon is held back\")",
+         end that transaction or session (runbook: docs/operations/cleanup-horizon.md)",
         health.horizon_age_xids
     )
 }

@@ -31,7 +31,7 @@ pub enum RootCert {
     Default,
     /// `sslrootcert=system`.
     System,
-    /// A CA file (added to the system's store: see the README's "Connecting securely").
+    /// A CA file (added to the system's store: see docs/connecting-securely.md).
     File(String),
     /// A CA held in memory (the operator's, from a Secret or ConfigMap), named by its origin.
     Given(String),
