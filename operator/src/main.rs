@@ -78,6 +78,12 @@ struct RunArgs {
     /// Reconcile every relay at least this often, even when nothing changed.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, env = "OUTBOX_OPERATOR_RESYNC_INTERVAL")]
     resync_interval: Duration,
+    /// How long a deleted OutboxRelay waits at most for its database cleanup (claim release,
+    /// and what cleanupPolicy delete removes) before it is deleted anyway, with a Warning event
+    /// naming what was left behind. Bounds `kubectl delete` and namespace deletion while the
+    /// database is down or its Secret is gone.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, env = "OUTBOX_OPERATOR_CLEANUP_TIMEOUT")]
+    cleanup_timeout: Duration,
 }
 
 #[tokio::main]
@@ -118,6 +124,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                     resync_after: args.resync_interval,
                     base_backoff: args.retry_base,
                     max_backoff: args.retry_max.max(args.retry_base),
+                    cleanup_timeout: args.cleanup_timeout,
                     ..Settings::default()
                 },
             })

@@ -263,6 +263,17 @@ impl TestCluster {
     /// request.
     pub async fn shutdown(self) {
         self.operator.stop(&self.client).await;
+        // With no operator left to clean up, the relays' finalizers would hold the namespace's
+        // deletion forever: take them off, as a person uninstalling the operator would.
+        let relays = self.relays();
+        let names = relays.list(&ListParams::default()).await.map(|l| l.items);
+        for relay in names.unwrap_or_default() {
+            let name = relay.metadata.name.unwrap_or_default();
+            let patch = json!({"metadata": {"finalizers": null}});
+            let _ = relays
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+        }
         let denied = denials(self.plane, &self.namespace, OPERATOR_NAME);
         let _ =
             self.plane
@@ -378,13 +389,17 @@ fn audited_responses(
 
 /// The timings of a test's operator, as `outbox-operator run` flags: retries and resyncs
 /// short, so a test sees a fix within seconds.
-const TEST_OPERATOR_ARGS: [&str; 6] = [
+const TEST_OPERATOR_ARGS: [&str; 8] = [
     "--retry-base",
     "500ms",
     "--retry-max",
     "5s",
     "--resync-interval",
     "30s",
+    // A deletion whose database cleanup cannot finish gives up after this (5 minutes by
+    // default), so a test of it waits seconds.
+    "--cleanup-timeout",
+    "20s",
 ];
 
 /// The labels that select the chart's operator pods.

@@ -170,11 +170,21 @@ async fn draining_the_node_respects_the_relays_disruption_budget_and_loses_nothi
     // With the operator back, the budget stays off as the spec says: the operator was evicted
     // when the spec changed, so once it reports the new generation it has applied that spec
     // (and would have recreated the budget, had it ignored `enabled: false`).
-    let generation = cluster.relays().get(&relay).await.unwrap().metadata.generation;
-    let seen = wait::holds("the operator reconciled the spec without a budget", STEP, || async {
-        let status = cluster.relays().get(&relay).await.unwrap().status;
-        status.and_then(|s| s.observed_generation) == generation
-    })
+    let generation = cluster
+        .relays()
+        .get(&relay)
+        .await
+        .unwrap()
+        .metadata
+        .generation;
+    let seen = wait::holds(
+        "the operator reconciled the spec without a budget",
+        STEP,
+        || async {
+            let status = cluster.relays().get(&relay).await.unwrap().status;
+            status.and_then(|s| s.observed_generation) == generation
+        },
+    )
     .await;
     assert!(seen, "{}", cluster.operator.log_text());
     assert!(budgets.get_opt(&relay).await.unwrap().is_none());

@@ -172,6 +172,25 @@ pub struct DatabaseSpec {
     #[serde(default = "defaults::vacuum_blocked_after")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub vacuum_blocked_after: String,
+    /// What deleting the OutboxRelay does in the database. `retain` (the default) keeps the
+    /// pending-row index, the NOTIFY trigger, the relay's report rows and the autovacuum
+    /// settings, so another relay (or `outbox-relay run`) can take the table over as it is;
+    /// `delete` removes them. Either way the relay's claim on the table is released, and the
+    /// outbox table and its rows are never touched.
+    #[serde(default)]
+    pub cleanup_policy: CleanupPolicy,
+}
+
+/// What the operator removes from the database when an OutboxRelay is deleted.
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum CleanupPolicy {
+    /// Keep what the migration created; only the table's claim is released.
+    #[default]
+    Retain,
+    /// Also drop the pending-row index and the NOTIFY trigger, delete the relay's report rows
+    /// and reset the autovacuum settings the migration set.
+    Delete,
 }
 
 /// The column mapping of the outbox table.

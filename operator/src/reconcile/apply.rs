@@ -26,15 +26,18 @@ pub async fn apply_deployment(
     desired: &Deployment,
     budget: Option<&PodDisruptionBudget>,
 ) -> Result<Deployment, Error> {
+    let name = desired.name_any();
+    let namespace = relay.namespace().ok_or(Error::MissingNamespace)?;
+    let budgets = Api::namespaced(ctx.client.clone(), &namespace);
     match live {
         Some(live)
             if spec_hash(&live) == spec_hash(desired)
                 && live.spec.replicas == desired.spec.replicas =>
         {
+            restore_disruption_budget(&budgets, &name, budget).await?;
             Ok(live)
         }
         live => {
-            let name = desired.name_any();
             let applied = deployments
                 .patch(
                     &name,
@@ -43,8 +46,6 @@ pub async fn apply_deployment(
                 )
                 .await
                 .map_err(Error::ApplyDeployment)?;
-            let namespace = relay.namespace().ok_or(Error::MissingNamespace)?;
-            let budgets = Api::namespaced(ctx.client.clone(), &namespace);
             apply_disruption_budget(&budgets, &name, budget).await?;
             let (reason, verb) = if live.is_some() {
                 (reasons::DEPLOYMENT_UPDATED, "updated")
@@ -63,6 +64,27 @@ pub async fn apply_deployment(
             .await;
             Ok(applied)
         }
+    }
+}
+
+/// Puts back a budget the spec wants but someone deleted: the Deployment's hash says the
+/// budget was applied, not that it is still there. One read per round, and no write while it
+/// exists (a budget edited by hand is set right at the next change of the Deployment).
+async fn restore_disruption_budget(
+    budgets: &Api<PodDisruptionBudget>,
+    name: &str,
+    budget: Option<&PodDisruptionBudget>,
+) -> Result<(), Error> {
+    let Some(budget) = budget else {
+        return Ok(());
+    };
+    let live = budgets
+        .get_opt(name)
+        .await
+        .map_err(Error::ApplyDisruptionBudget)?;
+    match live {
+        Some(_) => Ok(()),
+        None => apply_disruption_budget(budgets, name, Some(budget)).await,
     }
 }
 

@@ -26,7 +26,16 @@ pub struct Settings {
     /// First retry after a failure; doubles per consecutive failure up to `max_backoff`.
     pub base_backoff: Duration,
     pub max_backoff: Duration,
+    /// How long after its deletion an OutboxRelay's cleanup is retried before the finalizer
+    /// is removed anyway ([`DEFAULT_CLEANUP_TIMEOUT`]).
+    pub cleanup_timeout: Duration,
 }
+
+/// How long a deleted OutboxRelay waits for its cleanup by default. Long enough to ride out a
+/// database restart or a managed-service failover (a minute or two) with a few retries; short
+/// enough that a namespace deletion, which removes the Secret and the database access along
+/// with the relay, is not held for longer than a person would wait before suspecting a hang.
+pub const DEFAULT_CLEANUP_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
 impl Default for Settings {
     fn default() -> Self {
@@ -36,6 +45,7 @@ impl Default for Settings {
             lock_busy_retry: Duration::from_secs(5),
             base_backoff: Duration::from_secs(5),
             max_backoff: Duration::from_secs(300),
+            cleanup_timeout: DEFAULT_CLEANUP_TIMEOUT,
         }
     }
 }

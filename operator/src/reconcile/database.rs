@@ -1,5 +1,6 @@
-//! The reconciler's two database steps, behind a trait held in the [`Context`]: migrate the
-//! outbox table, and observe the lag (the pods' reports, or a count when no pod runs).
+//! The reconciler's database steps, behind a trait held in the [`Context`]: migrate the
+//! outbox table, observe the lag (the pods' reports, or a count when no pod runs), and clean
+//! up when the OutboxRelay is deleted.
 //!
 //! The pipeline only sees these typed results; [`postgres::PostgresDatabase`] is the real one
 //! (tested against PostgreSQL in `operator/tests/`), and the request-level tests script their
@@ -14,9 +15,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use outbox_relay::database::DatabaseTarget;
+use outbox_relay::table::cleanup::CleanupReport;
 use outbox_relay::table::health::TableHealth;
 use outbox_relay::table::migrate::MigrationReport;
 
+use crate::reconcile::database::claims::Release;
 use crate::reconcile::error::Error;
 use crate::reconcile::validate::RelayPlan;
 
@@ -36,6 +39,34 @@ pub trait RelayDatabase: Send + Sync {
         plan: &'a RelayPlan,
         query: LagQuery,
     ) -> BoxFuture<'a, Result<LagObservation, Error>>;
+
+    /// Releases the relay's claim on its table and, when asked, removes what the migration
+    /// created for it (see [`CleanupRequest`]). Idempotent, so a failed attempt is retried.
+    fn clean_up<'a>(
+        &'a self,
+        database: &'a DatabaseTarget,
+        plan: &'a RelayPlan,
+        request: CleanupRequest,
+    ) -> BoxFuture<'a, Result<CleanupRun, Error>>;
+}
+
+/// What a deleted OutboxRelay leaves to clean up in its database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CleanupRequest {
+    /// `namespace/name`: the claim's holder and the key of the report rows.
+    pub relay_name: String,
+    /// `cleanupPolicy: delete`: also remove the index, trigger, report rows and autovacuum
+    /// settings, unless another relay holds the table.
+    pub remove_migration: bool,
+}
+
+/// What a cleanup did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CleanupRun {
+    pub claim: Release,
+    /// What the migration's undoing removed; `None` when it was not asked for, or skipped
+    /// because another relay holds the table ([`Release::HeldBy`]).
+    pub removed: Option<CleanupReport>,
 }
 
 /// The outcome of one migration attempt that reached the database.

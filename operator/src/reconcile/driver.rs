@@ -3,6 +3,8 @@
 //! dereference → validate → migrate (once per generation) → observe → recommend → build (pure)
 //! → apply (only when it changed) → status (only when it changed) → requeue.
 //!
+//! A relay being deleted goes to the cleanup step instead ([`crate::reconcile::cleanup`]).
+//!
 //! A failure the user can act on (missing Secret, bad spec, unreachable database) becomes
 //! Ready=False and Degraded=True with the error's reason, a Warning event, and a retry with
 //! per-relay exponential backoff. Nothing a user writes can panic the operator.
@@ -15,6 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Api, ResourceExt};
 
 use crate::crd::OutboxRelay;
@@ -22,7 +25,8 @@ use crate::reconcile::apply::{apply_deployment, write_status};
 use crate::reconcile::build::{
     build_deployment, build_disruption_budget, report_name, selector_string,
 };
-use crate::reconcile::context::Context;
+use crate::reconcile::cleanup::{FINALIZER, clean_up, time_left};
+use crate::reconcile::context::{Context, Settings};
 use crate::reconcile::dereference::dereference_secrets;
 use crate::reconcile::error::Error;
 use crate::reconcile::events::{
@@ -41,39 +45,82 @@ pub fn backoff_delay(failures: u32, base: Duration, max: Duration) -> Duration {
     base.saturating_mul(1u32 << exponent).min(max)
 }
 
-/// Reconciles one OutboxRelay.
+/// Reconciles one OutboxRelay: the pipeline, or the cleanup once it is being deleted. The
+/// finalizer helper adds [`FINALIZER`] first (that write wakes the next reconcile) and removes
+/// it when the cleanup returns `Ok`.
 #[tracing::instrument(skip_all, fields(relay = %report_name(&relay)))]
 pub async fn reconcile(relay: Arc<OutboxRelay>, ctx: Arc<Context>) -> Result<Action, Error> {
     let relay_name = report_name(&relay);
     let _timer = ctx.metrics.reconcile_started(&relay_name);
-    match run_pipeline(&relay, &ctx).await {
-        Ok(action) => {
-            ctx.failures.forget(&relay_name);
-            Ok(action)
+    let namespace = relay.namespace().ok_or(Error::MissingNamespace)?;
+    let relays: Api<OutboxRelay> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = finalizer(&relays, FINALIZER, relay, |event| async {
+        match event {
+            FinalizerEvent::Apply(relay) => apply(&relay, &ctx).await,
+            FinalizerEvent::Cleanup(relay) => clean_up(&relay, &ctx).await,
         }
-        Err(error) => {
-            ctx.metrics
-                .reconcile_failed(&relay_name, error.metric_label());
-            report_failure(&relay, &ctx, &error).await;
-            Err(error)
-        }
+    })
+    .await
+    .map_err(Error::from);
+    match &result {
+        Ok(_) => ctx.failures.forget(&relay_name),
+        // Waiting for pods to stop is part of a deletion, not a failure worth alerting on.
+        Err(Error::RelayPodsStopping) => {}
+        Err(error) => ctx
+            .metrics
+            .reconcile_failed(&relay_name, error.metric_label()),
     }
+    result
 }
 
-/// What the controller does after a failed reconcile: retry with backoff per relay.
+/// The pipeline of a live relay; a failure the user can act on is shown on the object.
+async fn apply(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Error> {
+    let result = run_pipeline(relay, ctx).await;
+    if let Err(error) = &result {
+        report_failure(relay, ctx, error).await;
+    }
+    result
+}
+
+/// What the controller does after a failed reconcile: retry with backoff per relay. A relay
+/// being deleted retries no later than its cleanup's bound, so the finalizer goes on time;
+/// pods that are still stopping are looked at again soon (their Deployment's deletion wakes
+/// the relay too).
 pub fn error_policy(relay: Arc<OutboxRelay>, error: &Error, ctx: Arc<Context>) -> Action {
     let relay_name = report_name(&relay);
     let failures = ctx
         .failures
         .update(&relay_name, |count| count.unwrap_or(0).saturating_add(1));
-    let delay = backoff_delay(
-        failures,
-        ctx.settings.base_backoff,
-        ctx.settings.max_backoff,
-    );
-    tracing::warn!(relay = %relay_name, %error, failures, retry_in = ?delay, "reconcile failed");
+    let delay = retry_delay(&relay, error, failures, &ctx.settings, Timestamp::now());
+    if matches!(error, Error::RelayPodsStopping) {
+        tracing::info!(relay = %relay_name, retry_in = ?delay, "waiting for the relay pods to stop");
+    } else {
+        tracing::warn!(relay = %relay_name, %error, failures, retry_in = ?delay, "reconcile failed");
+    }
     Action::requeue(delay)
 }
+
+/// When to retry after the `failures`-th failure in a row.
+pub fn retry_delay(
+    relay: &OutboxRelay,
+    error: &Error,
+    failures: u32,
+    settings: &Settings,
+    now: Timestamp,
+) -> Duration {
+    let delay = match error {
+        Error::RelayPodsStopping => settings.lock_busy_retry,
+        _ => backoff_delay(failures, settings.base_backoff, settings.max_backoff),
+    };
+    if relay.metadata.deletion_timestamp.is_none() {
+        return delay;
+    }
+    let left = time_left(relay, settings.cleanup_timeout, now);
+    delay.min(left).max(MIN_RETRY)
+}
+
+/// The soonest retry: a requeue of zero would spin.
+const MIN_RETRY: Duration = Duration::from_secs(1);
 
 async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Error> {
     let namespace = relay.namespace().ok_or(Error::MissingNamespace)?;
@@ -202,5 +249,35 @@ mod tests {
             .collect();
         assert_eq!(delays, vec![5, 10, 20, 40, 80, 160, 300, 300, 300]);
         assert_eq!(backoff_delay(u32::MAX, base, max), max);
+    }
+
+    #[test]
+    fn a_deleted_relay_retries_no_later_than_its_bound() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+        let settings = Settings::default(); // 5 s doubling to 5 min; a 5-minute bound
+        let mut relay =
+            crate::test_support::sample_relay("orders", crate::test_support::sample_spec());
+        let deleted = Timestamp::from_second(1_000).unwrap();
+        let at = |s| Timestamp::from_second(s).unwrap();
+        let error = Error::DatabaseUnreachable("refused".into());
+        let delays = |relay: &OutboxRelay, now| {
+            (1..=8)
+                .map(|n| retry_delay(relay, &error, n, &settings, now).as_secs())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            delays(&relay, at(1_000)),
+            [5, 10, 20, 40, 80, 160, 300, 300]
+        );
+        relay.metadata.deletion_timestamp = Some(Time(deleted));
+        assert_eq!(
+            delays(&relay, at(1_200)),
+            [5, 10, 20, 40, 80, 100, 100, 100]
+        );
+        // Past the bound: once more, a second later, and that attempt gives up.
+        assert_eq!(delays(&relay, at(1_400)), [1; 8]);
+        let stopping = retry_delay(&relay, &Error::RelayPodsStopping, 9, &settings, at(1_000));
+        assert_eq!(stopping, settings.lock_busy_retry);
     }
 }

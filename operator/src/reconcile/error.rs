@@ -71,6 +71,30 @@ pub enum Error {
     PatchStatus(#[source] kube::Error),
     #[error("the OutboxRelay has no namespace")]
     MissingNamespace,
+    /// The database refused or failed a cleanup statement. Already redacted.
+    #[error("cleaning up the database failed: {0}")]
+    CleanupFailed(String),
+    /// The relay Deployment is being deleted and its pods are still stopping: the database is
+    /// cleaned up once none of them can write a report or use the index any more.
+    #[error("the relay pods are still stopping")]
+    RelayPodsStopping,
+    #[error("deleting the relay Deployment failed: {0}")]
+    StopRelayPods(#[source] kube::Error),
+    /// Adding or removing the finalizer failed (kube-runtime's finalizer helper's words).
+    #[error("{0}")]
+    Finalizer(String),
+}
+
+/// The finalizer helper wraps the pipeline's errors; its own (adding or removing the
+/// finalizer) are API-server trouble.
+impl From<kube::runtime::finalizer::Error<Error>> for Error {
+    fn from(error: kube::runtime::finalizer::Error<Error>) -> Self {
+        use kube::runtime::finalizer::Error as Finalizer;
+        match error {
+            Finalizer::ApplyFailed(error) | Finalizer::CleanupFailed(error) => error,
+            other => Error::Finalizer(other.to_string()),
+        }
+    }
 }
 
 impl Error {
@@ -97,6 +121,10 @@ impl Error {
             Error::ApplyDisruptionBudget(_) => "apply_disruption_budget",
             Error::PatchStatus(_) => "patch_status",
             Error::MissingNamespace => "missing_namespace",
+            Error::CleanupFailed(_) => "cleanup_failed",
+            Error::RelayPodsStopping => "relay_pods_stopping",
+            Error::StopRelayPods(_) => "stop_relay_pods",
+            Error::Finalizer(_) => "finalizer",
         }
     }
 
@@ -119,6 +147,7 @@ impl Error {
             Error::ObserveLag(_) => Some("LagUnavailable"),
             Error::TableClaimed { .. } => Some("TableClaimedByAnotherRelay"),
             Error::MissingNamespace => Some("InvalidSpec"),
+            Error::CleanupFailed(_) => Some("CleanupFailed"),
             // The API server refused the Deployment itself: something in the spec (a label,
             // a toleration, a resource quantity) is not valid there. The user must fix it.
             Error::ApplyDeployment(kube::Error::Api(status))
@@ -137,7 +166,10 @@ impl Error {
             | Error::ObserveDeployment(_)
             | Error::ApplyDeployment(_)
             | Error::ApplyDisruptionBudget(_)
-            | Error::PatchStatus(_) => None,
+            | Error::PatchStatus(_)
+            | Error::RelayPodsStopping
+            | Error::StopRelayPods(_)
+            | Error::Finalizer(_) => None,
         }
     }
 
@@ -151,7 +183,11 @@ impl Error {
             | Error::ReadSecret(_)
             | Error::ReadConfigMap(_)
             | Error::ObserveDeployment(_)
-            | Error::PatchStatus(_) => true,
+            | Error::PatchStatus(_)
+            | Error::CleanupFailed(_)
+            | Error::RelayPodsStopping
+            | Error::StopRelayPods(_)
+            | Error::Finalizer(_) => true,
             Error::ApplyDeployment(_) | Error::ApplyDisruptionBudget(_) => {
                 self.user_facing_reason().is_none()
             }

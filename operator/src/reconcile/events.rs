@@ -25,6 +25,12 @@ pub mod reasons {
     pub const DEPLOYMENT_UPDATED: &str = "DeploymentUpdated";
     pub const SCALED_UP: &str = "ScaledUp";
     pub const SCALED_DOWN: &str = "ScaledDown";
+    /// A deleted relay's cleanup failed once; it is retried until the bound.
+    pub const CLEANUP_FAILED: &str = "CleanupFailed";
+    /// The bound passed: the finalizer went, and the note says what stayed in the database.
+    pub const CLEANUP_ABANDONED: &str = "CleanupAbandoned";
+    pub const DATABASE_CLEANED_UP: &str = "DatabaseCleanedUp";
+    pub const DATABASE_OBJECTS_RETAINED: &str = "DatabaseObjectsRetained";
 }
 
 /// Publishes one event about `relay`.

@@ -10,8 +10,10 @@
 //! | build the Deployment | [`build`] | pure |
 //! | apply it, when it changed | [`apply`] | API server |
 //! | compute and write the status | [`status`] ([`conditions`], [`progress`], [`table_health`]), [`apply`] | pure, API server |
+//! | on deletion: stop the pods, clean up the database | [`cleanup`] | API server, database |
 //!
-//! [`driver`] runs the steps in that order. The replicas are recommended before the build, so
+//! [`driver`] runs the steps in that order, behind kube-runtime's finalizer helper: a relay
+//! being deleted goes to [`cleanup`] instead. The replicas are recommended before the build, so
 //! a scale and a template change are one write, not two. The database steps go through the
 //! [`database::RelayDatabase`] trait in the [`Context`]: PostgreSQL in production, a scripted
 //! stand-in in the request-level tests here (the PostgreSQL side is tested against a real
@@ -20,6 +22,7 @@
 pub mod apply;
 pub mod autoscaler;
 pub mod build;
+pub mod cleanup;
 pub mod conditions;
 pub mod context;
 pub mod database;

@@ -141,7 +141,7 @@ mod tests {
             "held back for 12m 30s (1234 transactions)",
             "pid 4242 (application \"billing-report\", user app, idle in transaction) holds a snapshot",
             "table orders (120000 dead tuples now)",
-            "The cleanup horizon is held back",
+            "docs/operations/cleanup-horizon.md",
         ] {
             assert!(message.contains(part), "{message}");
         }

@@ -8,12 +8,16 @@ use futures::future::{BoxFuture, FutureExt, ready};
 use outbox_relay::database::DatabaseTarget;
 use outbox_relay::table::migrate::{IndexAction, MigrationReport};
 
-use crate::reconcile::database::{LagObservation, LagQuery, MigrationRun, RelayDatabase};
+use crate::reconcile::database::claims::Release;
+use crate::reconcile::database::{
+    CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, RelayDatabase,
+};
 use crate::reconcile::error::Error;
 use crate::reconcile::validate::RelayPlan;
 
 type MigrationAnswer = Box<dyn FnMut(&RelayPlan) -> Result<MigrationRun, Error> + Send>;
 type LagAnswer = Box<dyn FnMut(&LagQuery) -> Result<LagObservation, Error> + Send>;
+type CleanupAnswer = Box<dyn FnMut(&CleanupRequest) -> Result<CleanupRun, Error> + Send>;
 
 /// One call the pipeline made.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,11 +25,13 @@ pub enum DatabaseCall {
     /// A migration of this table.
     Migrate(String),
     ObserveLag(LagQuery),
+    CleanUp(CleanupRequest),
 }
 
 pub struct ScriptedDatabase {
     migration: Mutex<MigrationAnswer>,
     lag: Mutex<LagAnswer>,
+    cleanup: Mutex<CleanupAnswer>,
     calls: Mutex<Vec<DatabaseCall>>,
 }
 
@@ -64,6 +70,12 @@ impl Default for ScriptedDatabase {
                 Ok(MigrationRun::Migrated(fresh_table_report(plan)))
             })),
             lag: Mutex::new(Box::new(|query| Ok(nothing_reported(query)))),
+            cleanup: Mutex::new(Box::new(|_| {
+                Ok(CleanupRun {
+                    claim: Release::Released,
+                    removed: None,
+                })
+            })),
             calls: Mutex::new(Vec::new()),
         }
     }
@@ -96,6 +108,15 @@ impl ScriptedDatabase {
         self
     }
 
+    /// Every cleanup answers `answer(request)`.
+    pub fn cleanup(
+        self,
+        answer: impl FnMut(&CleanupRequest) -> Result<CleanupRun, Error> + Send + 'static,
+    ) -> Self {
+        *self.cleanup.lock().unwrap() = Box::new(answer);
+        self
+    }
+
     pub fn calls(&self) -> Vec<DatabaseCall> {
         self.calls.lock().unwrap().clone()
     }
@@ -124,6 +145,17 @@ impl RelayDatabase for ScriptedDatabase {
     ) -> BoxFuture<'a, Result<LagObservation, Error>> {
         let answer = (self.lag.lock().unwrap())(&query);
         self.record(DatabaseCall::ObserveLag(query));
+        ready(answer).boxed()
+    }
+
+    fn clean_up<'a>(
+        &'a self,
+        _database: &'a DatabaseTarget,
+        _plan: &'a RelayPlan,
+        request: CleanupRequest,
+    ) -> BoxFuture<'a, Result<CleanupRun, Error>> {
+        let answer = (self.cleanup.lock().unwrap())(&request);
+        self.record(DatabaseCall::CleanUp(request));
         ready(answer).boxed()
     }
 }

@@ -29,6 +29,8 @@ pub fn sample_relay(name: &str, spec: OutboxRelaySpec) -> OutboxRelay {
     relay.metadata.uid = Some(format!("uid-{name}"));
     relay.metadata.generation = Some(1);
     relay.metadata.resource_version = Some("100".into());
+    // As the operator left it: the finalizer added, so a reconcile runs the pipeline at once.
+    relay.metadata.finalizers = Some(vec![crate::reconcile::cleanup::FINALIZER.into()]);
     relay
 }
 

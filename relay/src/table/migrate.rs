@@ -137,8 +137,9 @@ pub fn notify_channel(table: &OutboxTable) -> String {
     name
 }
 
-/// The advisory lock key text for migrations of one table.
-fn lock_key(table: &OutboxTable) -> String {
+/// The advisory lock key text for migrations of one table (and for undoing them, see
+/// [`crate::table::cleanup`], so a cleanup never races a migration of the same table).
+pub(crate) fn lock_key(table: &OutboxTable) -> String {
     format!("outbox-relay:migrate:{}", table.name.quoted())
 }
 
@@ -170,7 +171,7 @@ pub fn create_index_sql(table: &OutboxTable, options: &MigrationOptions) -> Stri
     }
 }
 
-fn qualified(table: &OutboxTable, object: &Ident) -> String {
+pub(crate) fn qualified(table: &OutboxTable, object: &Ident) -> String {
     match &table.name.schema {
         Some(schema) => format!("{}.{}", schema.quoted(), object.quoted()),
         None => object.quoted(),
@@ -361,11 +362,17 @@ async fn apply_autovacuum(
     Ok(true)
 }
 
+/// The name of the NOTIFY trigger and of its function (in the table's schema): derived from
+/// the table, so each outbox table has its own pair.
+pub fn notify_object_name(table: &OutboxTable) -> Ident {
+    table.name.derived("outbox_notify")
+}
+
 /// The trigger function and trigger that wake LISTENing relays. Statement-level, so a bulk
 /// insert costs one notification.
 pub fn notify_trigger_sql(table: &OutboxTable) -> Vec<(&'static str, String)> {
-    let function = qualified(table, &table.name.derived("outbox_notify"));
-    let trigger_name = table.name.derived("outbox_notify");
+    let function = qualified(table, &notify_object_name(table));
+    let trigger_name = notify_object_name(table);
     let trigger = trigger_name.quoted();
     let channel = notify_channel(table);
     vec![

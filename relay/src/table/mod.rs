@@ -1,7 +1,8 @@
 //! Everything about the outbox table: validated identifiers, the table's shape and column
-//! mapping, the SQL of the protocol, the migration and the lag reports. The only module that
+//! mapping, the SQL of the protocol, the migration (and its undoing) and the lag reports. The only module that
 //! writes SQL.
 
+pub mod cleanup;
 pub mod health;
 pub mod ident;
 pub mod inspect;

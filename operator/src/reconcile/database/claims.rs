@@ -4,7 +4,8 @@
 //! and no Secret's text is compared. The claim lives in `outbox_relay_claims` next to the
 //! outbox table (one row per table), renewed by every reconcile of its holder; a claim nobody
 //! renewed for [`CLAIM_EXPIRES_AFTER`] (its OutboxRelay deleted, its operator gone) is taken
-//! by the next relay that asks.
+//! by the next relay that asks. Deleting an OutboxRelay releases its claim at once
+//! ([`release_claim`]).
 
 use std::time::Duration;
 
@@ -81,6 +82,67 @@ async fn try_claim(
         relay: holder,
         renewed_seconds_ago: ago,
     })
+}
+
+/// What releasing a relay's claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// The relay held the table; its row is gone, so another relay may claim it at once.
+    Released,
+    /// The relay held no claim (never checked, expired and taken, or released before).
+    NotHeld,
+    /// Another relay, `namespace/name`, holds the table: what the migration created serves it,
+    /// so a cleanup must leave it in place.
+    HeldBy(String),
+}
+
+/// Releases `relay`'s claim on `outbox`, and says who holds the table when it is not `relay`.
+pub async fn release_claim(
+    conn: &mut PgConnection,
+    outbox: &TableName,
+    relay: &str,
+) -> Result<Release, sqlx::Error> {
+    let claims = claims_table(outbox).quoted();
+    let holder: Result<Option<(String,)>, sqlx::Error> = sqlx::query_as(AssertSqlSafe(format!(
+        "WITH released AS (DELETE FROM {claims} WHERE outbox_table = $1 AND relay = $2 \
+           RETURNING relay) \
+         SELECT relay FROM released UNION ALL \
+         SELECT relay FROM {claims} WHERE outbox_table = $1 AND relay <> $2"
+    )))
+    .bind(outbox.to_string())
+    .bind(relay)
+    .fetch_optional(&mut *conn)
+    .await;
+    match holder {
+        // No claims table: nobody ever claimed a table of this schema (or may not).
+        Err(e) if has_sql_state(&e, &[UNDEFINED_TABLE, INSUFFICIENT_PRIVILEGE]) => {
+            Ok(Release::NotHeld)
+        }
+        Err(e) => Err(e),
+        Ok(None) => Ok(Release::NotHeld),
+        Ok(Some((holder,))) if holder == relay => Ok(Release::Released),
+        Ok(Some((holder,))) => Ok(Release::HeldBy(holder)),
+    }
+}
+
+/// The relay other than `relay` that holds `outbox`, if any; nothing is changed.
+pub async fn other_holder(
+    conn: &mut PgConnection,
+    outbox: &TableName,
+    relay: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let claims = claims_table(outbox).quoted();
+    let holder = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT relay FROM {claims} WHERE outbox_table = $1 AND relay <> $2"
+    )))
+    .bind(outbox.to_string())
+    .bind(relay)
+    .fetch_optional(&mut *conn)
+    .await;
+    match holder {
+        Err(e) if has_sql_state(&e, &[UNDEFINED_TABLE, INSUFFICIENT_PRIVILEGE]) => Ok(None),
+        other => other,
+    }
 }
 
 /// Takes or renews the claim; the row comes back when `relay` holds it now.

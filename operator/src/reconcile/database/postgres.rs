@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 use outbox_relay::database::{DatabaseTarget, FailureKind};
 use outbox_relay::defaults::BACKLOG_CAP;
 use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::table::cleanup::{CleanupError, remove_migration};
 use outbox_relay::table::health::{HorizonClock, measure_table_health};
 use outbox_relay::table::inspect::{InspectError, inspect};
 use outbox_relay::table::migrate::{MigrateError, migrate};
@@ -20,9 +21,11 @@ use outbox_relay::table::sql::Statements;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 
-use crate::reconcile::database::claims::{Claim, claim_table};
+use crate::reconcile::database::claims::{
+    CLAIMS_TABLE, Claim, claim_table, other_holder, release_claim,
+};
 use crate::reconcile::database::{
-    LagObservation, LagQuery, MigrationRun, PodProblem, RelayDatabase,
+    CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, PodProblem, RelayDatabase,
 };
 use crate::reconcile::error::Error;
 use crate::reconcile::validate::RelayPlan;
@@ -51,6 +54,79 @@ impl RelayDatabase for PostgresDatabase {
         query: LagQuery,
     ) -> BoxFuture<'a, Result<LagObservation, Error>> {
         observe_lag(database, plan, query).boxed()
+    }
+
+    fn clean_up<'a>(
+        &'a self,
+        database: &'a DatabaseTarget,
+        plan: &'a RelayPlan,
+        request: CleanupRequest,
+    ) -> BoxFuture<'a, Result<CleanupRun, Error>> {
+        clean_up(database, plan, request).boxed()
+    }
+}
+
+/// Removes what the migration created (when asked and the table is still this relay's), then
+/// releases the claim: in that order, so no other relay can claim and migrate the table while
+/// its index is being dropped.
+async fn clean_up(
+    target: &DatabaseTarget,
+    plan: &RelayPlan,
+    request: CleanupRequest,
+) -> Result<CleanupRun, Error> {
+    let database_url = target.url();
+    let mut conn = connect(target).await?;
+    let result = clean_up_on(&mut conn, plan, &request).await;
+    let _ = conn.close().await;
+    result.map_err(|error| match error {
+        CleanupStepError::Claim(e) if is_connection_error(&e) => {
+            Error::DatabaseUnreachable(redact(&e.to_string(), database_url))
+        }
+        CleanupStepError::Claim(e) => Error::CleanupFailed(format!(
+            "releasing the claim in {}: {}",
+            claims_table_name(plan),
+            redact(&e.to_string(), database_url)
+        )),
+        CleanupStepError::Remove(e) if e.database_error().is_some_and(is_connection_error) => {
+            Error::DatabaseUnreachable(redact(&e.to_string(), database_url))
+        }
+        CleanupStepError::Remove(e) => Error::CleanupFailed(redact(&e.to_string(), database_url)),
+    })
+}
+
+enum CleanupStepError {
+    Claim(sqlx::Error),
+    Remove(CleanupError),
+}
+
+async fn clean_up_on(
+    conn: &mut PgConnection,
+    plan: &RelayPlan,
+    request: &CleanupRequest,
+) -> Result<CleanupRun, CleanupStepError> {
+    let table = &plan.table.name;
+    let relay = request.relay_name.as_str();
+    let holder = other_holder(conn, table, relay)
+        .await
+        .map_err(CleanupStepError::Claim)?;
+    let removed = match (&holder, request.remove_migration) {
+        (None, true) => Some(
+            remove_migration(conn, &plan.table, &plan.migration, relay)
+                .await
+                .map_err(CleanupStepError::Remove)?,
+        ),
+        _ => None,
+    };
+    let claim = release_claim(conn, table, relay)
+        .await
+        .map_err(CleanupStepError::Claim)?;
+    Ok(CleanupRun { claim, removed })
+}
+
+fn claims_table_name(plan: &RelayPlan) -> String {
+    match &plan.table.name.schema {
+        Some(schema) => format!("{schema}.{CLAIMS_TABLE}"),
+        None => CLAIMS_TABLE.to_string(),
     }
 }
 

@@ -396,6 +396,7 @@ async fn pods_that_report_a_missing_exchange_make_the_relay_not_ready_with_an_ev
         })
         .reads_secrets()
         .finds_deployment(live)
+        .keeps_deployment()
         .warning(
             "ExchangeNotFound",
             "pod orders-7f9c cannot relay: exchange orders does not exist",

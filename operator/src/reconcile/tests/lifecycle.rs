@@ -134,6 +134,7 @@ async fn unchanged_relay_causes_no_writes() {
         .migrated_before()
         .reads_secrets()
         .finds_deployment(live)
+        .keeps_deployment()
         .run()
         .await;
     assert_eq!(outcome.action(), &Action::requeue(Duration::from_secs(300)));
@@ -143,6 +144,30 @@ async fn unchanged_relay_causes_no_writes() {
         outcome.seen
     );
     assert_eq!(outcome.migrations(), 0);
+}
+
+#[tokio::test]
+async fn a_disruption_budget_deleted_by_hand_is_put_back() {
+    let (relay, live) = settled_relay(1);
+    let outcome = Scenario::new(relay)
+        .migrated_before()
+        .reads_secrets()
+        .finds_deployment(live)
+        .restores_deleted_budget()
+        .run()
+        .await;
+    assert!(outcome.result.is_ok());
+    let writes: Vec<_> = outcome
+        .seen
+        .iter()
+        .filter(|e| e.method != Method::GET)
+        .map(|e| e.uri.split('?').next().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        writes,
+        ["/apis/policy/v1/namespaces/shop/poddisruptionbudgets/orders"],
+        "only the budget is written"
+    );
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! Request-level tests of the whole pipeline: a scripted API server and a scripted database,
 //! assembled per test by [`scenario::Scenario`].
 
+mod deletion;
 mod failures;
 mod lifecycle;
 mod oom_kills;

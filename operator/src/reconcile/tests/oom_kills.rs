@@ -35,6 +35,7 @@ async fn an_oom_killed_relay_pod_is_not_ready_degraded_and_announced() {
         .database(|db| db.lag(|_| Ok(LagObservation::default())))
         .reads_secrets()
         .finds_deployment_with_pods(live, vec![killed_pod()])
+        .keeps_deployment()
         .warning(
             "OOMKilled",
             "pod orders-7f9c-abcde killed for exceeding its memory limit of 48Mi",

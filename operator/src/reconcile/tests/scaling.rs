@@ -23,7 +23,7 @@ fn scaling_relay(min: i32, max: i32, target: i64) -> OutboxRelay {
 fn lag_queries(calls: &[DatabaseCall]) -> Vec<&LagQuery> {
     let queries = calls.iter().filter_map(|call| match call {
         DatabaseCall::ObserveLag(query) => Some(query),
-        DatabaseCall::Migrate(_) => None,
+        DatabaseCall::Migrate(_) | DatabaseCall::CleanUp(_) => None,
     });
     queries.collect()
 }

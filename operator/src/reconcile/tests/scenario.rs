@@ -27,6 +27,8 @@ const PODS: &str = "/api/v1/namespaces/shop/pods";
 const STATUS: &str = "/apis/outboxrelay.io/v1alpha1/namespaces/shop/outboxrelays/orders/status";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
 const BUDGET: &str = "/apis/policy/v1/namespaces/shop/poddisruptionbudgets/orders";
+/// The OutboxRelay itself: the finalizer helper patches its metadata.
+const RELAY: &str = "/apis/outboxrelay.io/v1alpha1/namespaces/shop/outboxrelays/orders";
 /// The versions of the fixtures' two Secrets, as the pipeline fingerprints them.
 pub const SECRETS_FINGERPRINT: &str = "orders-amqp=7,orders-db=7";
 
@@ -178,6 +180,26 @@ impl Scenario {
         }))
     }
 
+    /// The live Deployment is this build already, so it is not applied; the relay pods'
+    /// PodDisruptionBudget is read, to put it back if someone deleted it.
+    pub fn keeps_deployment(self) -> Self {
+        let budget = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "orders", "namespace": "shop"}, "spec": {"maxUnavailable": 1}});
+        self.expect(Step::get(BUDGET, Reply::ok(budget)))
+    }
+
+    /// The live Deployment is this build already, but its PodDisruptionBudget was deleted by
+    /// hand: the budget is applied again, and the Deployment left alone.
+    pub fn restores_deleted_budget(self) -> Self {
+        self.expect(Step::get(
+            BUDGET,
+            Reply::not_found("poddisruptionbudgets.policy", "orders"),
+        ))
+        .expect(Step::write(Method::PATCH, BUDGET, |body| {
+            assert_eq!(body["spec"]["maxUnavailable"], 1, "{body}");
+        }))
+    }
+
     /// The Deployment does not exist, is created, served back with no pod ready yet, and
     /// announced.
     pub fn creates_deployment(self) -> Self {
@@ -194,6 +216,32 @@ impl Scenario {
             status,
             body,
         }))
+    }
+
+    /// The relay Deployment is deleted (foreground); the API server answers `reply`.
+    pub fn deletes_deployment(self, reply: Reply) -> Self {
+        self.expect(Step::new(Method::DELETE, DEPLOYMENT, move |_| reply))
+    }
+
+    /// The finalizer helper patches the relay's finalizers (a JSON patch); `check` reads the
+    /// operations, and the relay comes back with `finalizers` as the result.
+    pub fn patches_finalizers(
+        self,
+        finalizers: Vec<&'static str>,
+        check: impl FnOnce(&Value) + Send + 'static,
+    ) -> Self {
+        let mut relay = serde_json::to_value(&self.relay).unwrap();
+        self.expect(Step::new(Method::PATCH, RELAY, move |body| {
+            check(body);
+            relay["metadata"]["finalizers"] = json!(finalizers);
+            Reply::ok(relay)
+        }))
+    }
+
+    /// Changes the reconciler's settings.
+    pub fn settings(mut self, change: impl FnOnce(&mut Settings)) -> Self {
+        change(&mut self.settings);
+        self
     }
 
     /// The status is written; `check` reads it as our type.

@@ -67,6 +67,7 @@ fn scenario(relay: OutboxRelay, health: TableHealth) -> Scenario {
         })
         .reads_secrets()
         .finds_deployment(live)
+        .keeps_deployment()
 }
 
 #[tokio::test]
