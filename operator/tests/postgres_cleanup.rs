@@ -92,7 +92,10 @@ async fn migrated_table() -> (OwnSchema, String, RelayPlan) {
     ))
     .await;
     let plan = plan(&table, true);
-    let run = PostgresDatabase.migrate(&target(), &plan).await.unwrap();
+    let run = PostgresDatabase
+        .migrate(&target(), &plan, RELAY)
+        .await
+        .unwrap();
     assert!(matches!(run, MigrationRun::Migrated(_)), "{run:?}");
     let claim = claim_table(&mut connect().await, &plan.table.name, RELAY)
         .await

@@ -125,7 +125,7 @@ fn plan_for(table: &str) -> RelayPlan {
 
 async fn migrate(table: &str) -> Result<MigrationRun, Error> {
     PostgresDatabase
-        .migrate(&target(url_with_canary()), &plan_for(table))
+        .migrate(&target(url_with_canary()), &plan_for(table), "shop/orders")
         .await
 }
 
@@ -230,7 +230,7 @@ async fn an_unreachable_server_is_database_unreachable_without_the_password() {
     )
     .unwrap();
     let error = PostgresDatabase
-        .migrate(&target(url), &plan_for("outbox_messages"))
+        .migrate(&target(url), &plan_for("outbox_messages"), "shop/orders")
         .await
         .unwrap_err();
     assert!(matches!(error, Error::DatabaseUnreachable(_)), "{error:?}");
@@ -326,7 +326,7 @@ async fn at_zero_pods_an_open_snapshot_is_the_horizon_with_its_holder() {
     let secret = SecretUrl::parse(&url, UrlKind::Postgres).unwrap();
     migrated(
         PostgresDatabase
-            .migrate(&target(secret.clone()), &plan_for(table))
+            .migrate(&target(secret.clone()), &plan_for(table), "shop/orders")
             .await,
     );
     let application = format!("holder-{database}");
@@ -492,4 +492,35 @@ async fn the_first_relay_to_claim_a_table_keeps_it_until_its_claim_expires() {
         observe("shop/orders").await,
         Err(Error::TableClaimed { relay, .. }) if relay == "billing/orders-copy"
     ));
+}
+
+#[tokio::test]
+async fn a_table_another_relay_holds_is_not_migrated_with_this_relays_settings() {
+    let table = create_outbox_table().await;
+    let target = target(url_with_canary());
+    let holder_plan = plan_for(&table);
+    migrated(
+        PostgresDatabase
+            .migrate(&target, &holder_plan, "shop/orders")
+            .await,
+    );
+    // A second OutboxRelay on the same table, asking for a NOTIFY trigger the holder does not
+    // have: it is refused before its migration could add one.
+    let mut copy_plan = holder_plan.clone();
+    copy_plan.migration.notify = true;
+    match PostgresDatabase
+        .migrate(&target, &copy_plan, "billing/orders-copy")
+        .await
+    {
+        Err(Error::TableClaimed { relay, .. }) => assert_eq!(relay, "shop/orders"),
+        other => panic!("expected TableClaimed, got {other:?}"),
+    }
+    let triggers: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal",
+    )
+    .bind(table.to_string())
+    .fetch_one(&mut connect().await)
+    .await
+    .unwrap();
+    assert_eq!(triggers, 0, "the refused relay's migration ran");
 }

@@ -25,11 +25,14 @@ use crate::reconcile::validate::RelayPlan;
 
 /// What the database steps of one reconcile can do.
 pub trait RelayDatabase: Send + Sync {
-    /// Applies the outbox migration of `plan` (idempotent: a valid index is left alone).
+    /// Claims the table for `relay_name` (`namespace/name`), then applies the outbox migration
+    /// of `plan` (idempotent: a valid index is left alone). A table another relay holds is not
+    /// migrated: its settings (index shape, NOTIFY trigger) are that relay's.
     fn migrate<'a>(
         &'a self,
         database: &'a DatabaseTarget,
         plan: &'a RelayPlan,
+        relay_name: &'a str,
     ) -> BoxFuture<'a, Result<MigrationRun, Error>>;
 
     /// The relay's lag as its pods reported it, or as counted now when none runs.

@@ -140,7 +140,15 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         secrets_fingerprint: secrets.fingerprint(),
     };
     let database = ctx.database.as_ref();
-    let migration = migrate_once(&ctx.migrations, database, key, &secrets.database, &plan).await?;
+    let migration = migrate_once(
+        &ctx.migrations,
+        database,
+        key,
+        &secrets.database,
+        &plan,
+        &relay_name,
+    )
+    .await?;
     announce_migration(&ctx.recorder, relay, &migration).await;
 
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);

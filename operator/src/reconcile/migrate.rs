@@ -47,11 +47,12 @@ pub async fn migrate_once(
     key: MigrationKey,
     target: &DatabaseTarget,
     plan: &RelayPlan,
+    relay_name: &str,
 ) -> Result<MigrationOutcome, Error> {
     if already_migrated(memory, &key) {
         return Ok(MigrationOutcome::AlreadyMigrated);
     }
-    match database.migrate(target, plan).await? {
+    match database.migrate(target, plan, relay_name).await? {
         MigrationRun::Migrated(report) => {
             memory.put(&key.relay_uid.clone(), key);
             Ok(MigrationOutcome::Migrated(report))

@@ -131,6 +131,7 @@ impl RelayDatabase for ScriptedDatabase {
         &'a self,
         _database: &'a DatabaseTarget,
         plan: &'a RelayPlan,
+        _relay_name: &'a str,
     ) -> BoxFuture<'a, Result<MigrationRun, Error>> {
         self.record(DatabaseCall::Migrate(plan.table.name.to_string()));
         let answer = (self.migration.lock().unwrap())(plan);

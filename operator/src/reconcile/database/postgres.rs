@@ -43,8 +43,9 @@ impl RelayDatabase for PostgresDatabase {
         &'a self,
         database: &'a DatabaseTarget,
         plan: &'a RelayPlan,
+        relay_name: &'a str,
     ) -> BoxFuture<'a, Result<MigrationRun, Error>> {
-        migrate_table(database, plan).boxed()
+        migrate_table(database, plan, relay_name).boxed()
     }
 
     fn observe_lag<'a>(
@@ -130,9 +131,25 @@ fn claims_table_name(plan: &RelayPlan) -> String {
     }
 }
 
-async fn migrate_table(target: &DatabaseTarget, plan: &RelayPlan) -> Result<MigrationRun, Error> {
+async fn migrate_table(
+    target: &DatabaseTarget,
+    plan: &RelayPlan,
+    relay_name: &str,
+) -> Result<MigrationRun, Error> {
     let database_url = target.url();
     let mut conn = connect(target).await?;
+    if let Err(error) = hold_claim(
+        &mut conn,
+        plan,
+        relay_name,
+        database_url,
+        Error::MigrationFailed,
+    )
+    .await
+    {
+        let _ = conn.close().await;
+        return Err(error);
+    }
     let result = migrate(&mut conn, &plan.table, &plan.migration).await;
     // Closing politely is a courtesy; the migration's outcome is what matters.
     let _ = conn.close().await;
@@ -158,6 +175,38 @@ async fn migrate_table(target: &DatabaseTarget, plan: &RelayPlan) -> Result<Migr
     }
 }
 
+/// Takes or renews `relay_name`'s claim on the plan's table: `TableClaimed` when another relay
+/// holds it. A database that cannot record claims (no right to create the claims table) is
+/// logged and let through, as before claims existed; any other failure becomes `failed`.
+async fn hold_claim(
+    conn: &mut PgConnection,
+    plan: &RelayPlan,
+    relay_name: &str,
+    database_url: &SecretUrl,
+    failed: fn(String) -> Error,
+) -> Result<(), Error> {
+    match claim_table(conn, &plan.table.name, relay_name).await {
+        Ok(Claim::Held) => Ok(()),
+        Ok(Claim::NotChecked(why)) => {
+            tracing::warn!(
+                relay = %relay_name,
+                reason = %redact(&why, database_url),
+                "cannot record which relay holds the table; two OutboxRelays on it would both run"
+            );
+            Ok(())
+        }
+        Ok(Claim::HeldBy {
+            relay,
+            renewed_seconds_ago,
+        }) => Err(Error::TableClaimed {
+            table: plan.table.name.to_string(),
+            relay,
+            renewed_seconds_ago,
+        }),
+        Err(e) => Err(failed(redact(&e.to_string(), database_url))),
+    }
+}
+
 /// Reads the reports (or measures, when nothing runs). Reports older than the query's
 /// `stale_after` do not count.
 async fn observe_lag(
@@ -168,30 +217,17 @@ async fn observe_lag(
     let database_url = target.url();
     let mut conn = connect(target).await?;
     // Every round renews the relay's claim on its table, or finds another relay holds it.
-    match claim_table(&mut conn, &plan.table.name, &query.relay_name).await {
-        Ok(Claim::Held) => {}
-        Ok(Claim::NotChecked(why)) => {
-            tracing::warn!(
-                relay = %query.relay_name,
-                reason = %redact(&why, database_url),
-                "cannot record which relay holds the table; two OutboxRelays on it would both run"
-            );
-        }
-        Ok(Claim::HeldBy {
-            relay,
-            renewed_seconds_ago,
-        }) => {
-            let _ = conn.close().await;
-            return Err(Error::TableClaimed {
-                table: plan.table.name.to_string(),
-                relay,
-                renewed_seconds_ago,
-            });
-        }
-        Err(e) => {
-            let _ = conn.close().await;
-            return Err(Error::ObserveLag(redact(&e.to_string(), database_url)));
-        }
+    if let Err(error) = hold_claim(
+        &mut conn,
+        plan,
+        &query.relay_name,
+        database_url,
+        Error::ObserveLag,
+    )
+    .await
+    {
+        let _ = conn.close().await;
+        return Err(error);
     }
     let result = if query.running == 0 {
         measure(&mut conn, plan).await
