@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
+.PHONY: test-servers test-builds docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
 
 all: build
 
@@ -59,13 +59,31 @@ image-tools:
 	./scripts/image-tools.sh
 
 ## demo: seed 1,000,000 rows into a local table and relay them to RabbitMQ, with live progress.
-demo: services release
+## The servers (mostly downloads on a fresh machine) start while the release build compiles.
+demo:
+	@$(MAKE) --no-print-directory -j2 --output-sync=line services release
 	RELAY='$(BIN_DIR)/outbox-relay' ./scripts/demo.sh
 
 ## test: everything CI runs: first what the machine lacks (root, cgroups for the node; Go for
 ## the control plane's build), then lint, the tests, the PostgreSQL matrix, the chart check, the
 ## book, the smoke runs and the fuzz run.
-test: node-check control-plane services image-tools lint test-rust chart-check docs-check bench-smoke chaos-smoke fuzz
+##
+## Three things happen at once first (test-ready): the control plane's Go build, the servers and
+## tools (downloads, on a fresh machine), and lint with the release build of every test target.
+## The Go and Rust builds fill each other's idle core; the downloads cost no CPU.
+test: node-check
+	@$(MAKE) --no-print-directory -j3 --output-sync=line control-plane test-servers test-builds
+	@$(MAKE) --no-print-directory test-rust chart-check docs-check bench-smoke chaos-smoke fuzz SMOKE_BINARIES=test-rust
+
+## test-servers: the servers and every tool the tests use, one after another (apt runs one at a time).
+test-servers:
+	./scripts/services.sh
+	./scripts/image-tools.sh
+	./scripts/docs.sh tools
+
+## test-builds: lint, then the release build of every target the tests run.
+test-builds: lint
+	$(CARGO) build --workspace --all-targets --release
 
 ## control-plane: build the tests' Kubernetes (etcd, the control plane, the node's kubelet and
 ## kube-proxy, kubectl) and the oldest minor the chart supports (etcd, kube-apiserver, kubectl);
@@ -74,19 +92,12 @@ control-plane:
 	@./tests/control-plane/build.sh >/dev/null
 	@./tests/control-plane/build.sh tests/control-plane/oldest >/dev/null
 
+## test-rust: the test targets' release build, then every test of the workspace
+## (scripts/test-suite.py): the end-to-end binaries, which mostly wait, side by side; then the
+## rest, the run against database `postgres` and the PostgreSQL 13-18 matrix one at a time.
 test-rust:
 	$(CARGO) build --workspace --all-targets --release
-	$(CARGO) test --workspace --release -- --test-threads=4
-	@# Once more against a database not named `test`: URLs made from DATABASE_URL must be
-	@# parsed, not edited as text, and the tests must leave that database as they found it.
-	DATABASE_URL='postgres://postgres@127.0.0.1:5432/postgres' $(CARGO) test --workspace --release --test postgres_database
-	@leftover=$$(psql -h 127.0.0.1 -U postgres -d postgres -Atc "select count(*) from pg_namespace where nspname like 's\_%'"); \
-	  [ "$$leftover" = 0 ] || { echo "the operator's database tests left $$leftover schemas in database postgres" >&2; exit 1; }
-	@# The tests that touch PostgreSQL's behaviour, against every other major services.sh runs.
-	CARGO='$(CARGO)' ./scripts/postgres-matrix.sh
-	@# The tests that need an API server only (the CRD, the chart, the operator as a process)
-	@# once more on the oldest Kubernetes minor the chart supports.
-	OUTBOX_KUBERNETES=oldest $(CARGO) test --release -p outbox-tests --test crd_on_apiserver --test helm_install
+	CARGO='$(CARGO)' ./scripts/test-suite.py
 
 ## lint: formatting, clippy with warnings denied, and no import circle between either crate's modules.
 lint: module-check
@@ -114,10 +125,9 @@ chart-check:
 bench: services release
 	$(BIN_DIR)/outbox-bench $(BENCH_ARGS)
 
-# Under `make test`, test-rust has just built every binary; `release` would build them all again,
-# since without the test targets tokio loses a feature a dev-dependency turns on (test-util, from
-# tower-test), and every crate above it is compiled a second time (9 minutes on a 2-core machine).
-SMOKE_BINARIES := $(if $(filter test,$(MAKECMDGOALS)),test-rust,release)
+# `make test` names test-rust here: it has just built every binary, and `release` would only
+# ask cargo again.
+SMOKE_BINARIES ?= release
 
 bench-smoke: services $(SMOKE_BINARIES)
 	$(BIN_DIR)/outbox-bench --smoke

@@ -675,44 +675,6 @@ def unknown_metrics(names):
     return unknown
 
 
-def github_anchor(heading):
-    """The id GitHub gives a Markdown heading: the text as rendered (code spans and links as
-    their text), lowercased, without punctuation other than '-' and '_', spaces as '-'."""
-    text = heading.replace("`", "")
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text).strip().lower()
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
-
-
-def markdown_anchors(path):
-    text = re.sub(r"^```.*?^```", "", open(path).read(), flags=re.S | re.M)
-    anchors, seen = set(), {}
-    for m in re.finditer(r"^#{1,6} +(.+?)\s*$", text, re.M):
-        anchor = github_anchor(m.group(1))
-        n = seen.get(anchor, 0)
-        anchors.add(anchor if n == 0 else f"{anchor}-{n}")  # GitHub numbers repeated headings
-        seen[anchor] = n + 1
-    return anchors
-
-
-def readme_links():
-    """The README is read on GitHub, outside the book (whose own links `mkdocs build --strict`
-    checks): every relative link names a file of the repository, and an #anchor a heading of
-    it (or of the README itself)."""
-    text = re.sub(r"^```.*?^```", "", open(README).read(), flags=re.S | re.M)
-    broken = []
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if re.match(r"[a-z]+:", target):
-            continue
-        path, _, anchor = target.partition("#")
-        file = os.path.join(ROOT, path) if path else README
-        if not os.path.exists(file):
-            broken.append(target)
-        elif anchor and (not file.endswith(".md") or anchor not in markdown_anchors(file)):
-            broken.append(target)
-    return not broken or f"links to nothing: {broken}"
-
-
 def alert_rules(path=ALERTS):
     doc = yaml.safe_load(open(path))
     return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
@@ -720,14 +682,13 @@ def alert_rules(path=ALERTS):
 
 def alerts():
     """The plain rule file: every alert names its relay and namespace, has a severity and a
-    runbook_url into README.md's headings, uses only metrics that exist, derives the relay the
+    runbook_url into the book's operations pages, uses only metrics that exist, derives the relay the
     way the dashboard does, and has unit tests where it fires and where it must not."""
     rules = alert_rules()
     names = [r["alert"] for r in rules]
     attempt(f"alert rules: {len(rules)} alerts, names unique and OutboxRelay-prefixed ({', '.join(names)})",
             lambda: (rules and len(set(names)) == len(names) and all(n.startswith("OutboxRelay") for n in names))
             or names)
-    attempt("README.md: every relative link names a file, and every #anchor a heading (GitHub's rules)", readme_links)
     for rule in rules:
         name = rule["alert"]
         ann = rule.get("annotations", {})

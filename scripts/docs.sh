@@ -6,6 +6,8 @@
 #                           book for the repository, then opens its pages in headless Chromium
 #                           and checks they render; a screenshot of the landing page is left in
 #                           .cache/docs/landing.png for a person to look at (`make test`).
+#   scripts/docs.sh tools   only installs what the other two need (`make test` does it early,
+#                           beside the builds).
 # MkDocs and its theme come from PyPI, pinned in docs/requirements.txt, into a venv under
 # ~/.cache/outbox-relay/ keyed by that file; Chromium from Debian's package.
 set -euo pipefail
@@ -23,6 +25,23 @@ if [ ! -x "$VENV/bin/mkdocs" ]; then
     "$VENV/bin/pip" install -q --disable-pip-version-check -r docs/requirements.txt
 fi
 
+# Chromium opens the built pages (check only).
+install_chromium() {
+    command -v chromium >/dev/null && return 0
+    if [ "$(id -u)" -eq 0 ]; then
+        echo "docs: installing Chromium (Debian's chromium) to open the book"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "docs: Chromium is missing: sudo apt-get install chromium" >&2
+        exit 1
+    fi
+}
+if [ "$mode" = tools ]; then
+    install_chromium
+    exit 0
+fi
+
 # The deprecation banner of MkDocs 2 is for people choosing a tool, not for every build.
 export NO_MKDOCS_2_WARNING=1
 mkdir -p "$OUT"
@@ -31,10 +50,12 @@ if [ "$mode" = build ]; then
     echo "docs: built into $OUT/site (open $OUT/site/index.html)"
     exit 0
 fi
-[ "$mode" = check ] || { echo "usage: scripts/docs.sh build|check" >&2; exit 2; }
+[ "$mode" = check ] || { echo "usage: scripts/docs.sh build|check|tools" >&2; exit 2; }
+install_chromium
 
 # Links from the book, the README and the alert rules into the repository are GitHub URLs
-# (files outside docs/ are not pages of the book): each must name a file that exists.
+# (files outside docs/ are not pages of the book): each must name a file that exists. The
+# README, read on GitHub, links to files and headings by relative links: each must resolve.
 python3 - "$ROOT" <<'PY'
 import os, re, sys
 root = sys.argv[1]
@@ -50,18 +71,51 @@ for f in sorted(files):
 if broken:
     sys.exit("docs: links to files the repository does not have:\n  " + "\n  ".join(broken))
 print(f"docs: every repository link of {len(files)} files names a file that exists")
-PY
 
-if ! command -v chromium >/dev/null; then
-    if [ "$(id -u)" -eq 0 ]; then
-        echo "docs: installing Chromium (Debian's chromium) to open the book"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-    else
-        echo "docs: Chromium is missing: sudo apt-get install chromium" >&2
-        exit 1
-    fi
-fi
+
+def github_anchor(heading):
+    """The id GitHub gives a Markdown heading: the text as rendered (code spans and links as
+    their text), lowercased, without punctuation other than '-' and '_', spaces as '-'."""
+    text = heading.replace("`", "")
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def markdown_anchors(path):
+    text = re.sub(r"^```.*?^```", "", open(path).read(), flags=re.S | re.M)
+    anchors, seen = set(), {}
+    for m in re.finditer(r"^#{1,6} +(.+?)\s*$", text, re.M):
+        anchor = github_anchor(m.group(1))
+        n = seen.get(anchor, 0)
+        anchors.add(anchor if n == 0 else f"{anchor}-{n}")  # GitHub numbers repeated headings
+        seen[anchor] = n + 1
+    return anchors
+
+
+def readme_links():
+    """The README is read on GitHub, outside the book (whose own links `mkdocs build --strict`
+    checks): every relative link names a file of the repository, and an #anchor a heading of
+    it (or of the README itself)."""
+    text = re.sub(r"^```.*?^```", "", open(os.path.join(root, "README.md")).read(), flags=re.S | re.M)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = os.path.join(root, path) if path else os.path.join(root, "README.md")
+        if not os.path.exists(file):
+            broken.append(target)
+        elif anchor and (not file.endswith(".md") or anchor not in markdown_anchors(file)):
+            broken.append(target)
+    return broken
+
+
+broken = readme_links()
+if broken:
+    sys.exit(f"docs: README.md links to no file or no heading (GitHub's anchors): {broken}")
+print("docs: every relative link and #anchor of README.md resolves")
+PY
 
 # Headless Chromium loads each page from file:// and runs its scripts; --dump-dom prints the
 # document as the browser built it. Root has no user namespace sandbox here, hence --no-sandbox.

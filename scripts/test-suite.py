@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Runs every test of the workspace, as `make test` does, in two phases.
+
+The end-to-end test binaries spend most of their time waiting: on a control plane starting, a
+kubelet pulling and starting pods, an operator's cooldowns. Measured alone on 2 cores, the
+autoscaling binary keeps the CPU 22 % busy for 3.5 minutes, the relay pods' 18 %. Run one after
+another, as `cargo test --workspace` does, they took about 9 of the 12 minutes of the tests.
+
+1. The waiting binaries (WAITING below) run side by side, LANES at a time (3 by default), the
+   longest first. Each starts its own control plane, node and namespaces, and uses its own
+   tables, exchanges and databases, so they cannot see each other.
+2. Then, one at a time as before, whatever keeps the CPU busy: the unit tests, every other test
+   target (found with `cargo metadata`, so a new one is never left out), the operator's database
+   tests once more against database `postgres`, and the PostgreSQL matrix. The services binary,
+   for one, keeps both cores busy for its 3 minutes, and the autoscaling scenarios would measure
+   the machine rather than the operator if it ran beside them.
+
+Each job's output is printed whole when it ends, one job after another, never interleaved; a
+failed job's is printed again at the end. TEST_LANES=1 runs phase 1 one binary at a time.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+CARGO = os.environ.get("CARGO", "cargo")
+LANES = int(os.environ.get("TEST_LANES", "3"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The binaries of outbox-tests that mostly wait on a control plane, with their seconds when run
+# alone on 2 cores (2026-12-04): the order they start in, the longest first.
+WAITING = {
+    "autoscaling_e2e": 215,
+    "relay_pods_e2e": 62,
+    "node_drain_e2e": 52,
+    "amqp10_operator_e2e": 48,
+    "make_cluster": 37,
+    "deletion_e2e": 34,
+    "leader_election": 31,
+    "first_hour": 24,
+    "secure_operator_e2e": 23,
+    "vacuum_blocked_e2e": 20,
+    "helm_install": 11,
+    "crd_on_apiserver": 8,
+    "real_node": 8,
+}
+RELEASE = [CARGO, "test", "--release"]
+THREADS = ["--", "--test-threads=4"]
+# The leftover check after the run against database `postgres`.
+LEFTOVER = (
+    "leftover=$(psql -h 127.0.0.1 -U postgres -d postgres -Atc "
+    "\"select count(*) from pg_namespace where nspname like 's\\_%'\"); "
+    '[ "$leftover" = 0 ] || { echo "the operator\'s database tests left $leftover schemas '
+    'in database postgres" >&2; exit 1; }'
+)
+
+
+class Job:
+    def __init__(self, name, argv, env=None, weight=0):
+        self.name, self.argv, self.env, self.weight = name, argv, env or {}, weight
+        self.status, self.seconds, self.output = None, 0.0, ""
+
+    def run(self):
+        started = time.monotonic()
+        with tempfile.TemporaryFile(mode="w+") as log:
+            process = subprocess.run(
+                self.argv, cwd=ROOT, env={**os.environ, **self.env},
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+            log.seek(0)
+            self.output = log.read()
+        self.status = process.returncode
+        self.seconds = time.monotonic() - started
+
+
+def workspace_test_targets():
+    """(package, integration test target) for every member of the workspace."""
+    metadata = json.loads(subprocess.run(
+        [CARGO, "metadata", "--no-deps", "--format-version", "1"],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    ).stdout)
+    return [
+        (package["name"], target["name"])
+        for package in metadata["packages"]
+        for target in package["targets"]
+        if "test" in target["kind"]
+    ]
+
+
+def plan():
+    targets = workspace_test_targets()
+    waiting_found = {name for package, name in targets if package == "outbox-tests" and name in WAITING}
+    missing = set(WAITING) - waiting_found
+    if missing:
+        sys.exit(f"test-suite: WAITING names test targets outbox-tests does not have: {sorted(missing)}")
+    waiting = [
+        Job(name, RELEASE + ["-p", "outbox-tests", "--test", name] + THREADS, weight=WAITING[name])
+        for name in waiting_found
+    ]
+    # The tests that need an API server only (the CRD, the chart, the operator as a process),
+    # once more on the oldest Kubernetes minor the chart supports.
+    waiting.append(Job(
+        "crd_on_apiserver + helm_install on the oldest Kubernetes",
+        RELEASE + ["-p", "outbox-tests", "--test", "crd_on_apiserver", "--test", "helm_install"],
+        env={"OUTBOX_KUBERNETES": "oldest"}, weight=WAITING["crd_on_apiserver"] + WAITING["helm_install"],
+    ))
+    waiting.sort(key=lambda job: -job.weight)
+
+    busy = [
+        Job("unit tests", RELEASE + ["--workspace", "--lib", "--bins"] + THREADS),
+        Job("doc tests", RELEASE + ["--workspace", "--doc"]),
+    ]
+    for package in sorted({package for package, _ in targets}):
+        names = [name for p, name in targets if p == package and not (p == "outbox-tests" and name in WAITING)]
+        if names:
+            selection = [arg for name in sorted(names) for arg in ("--test", name)]
+            busy.append(Job(f"{package}: {', '.join(sorted(names))}", RELEASE + ["-p", package] + selection + THREADS))
+    # Once more against a database not named `test`: URLs made from DATABASE_URL must be
+    # parsed, not edited as text, and the tests must leave that database as they found it.
+    busy.append(Job(
+        "postgres_database against database postgres",
+        ["bash", "-c", " ".join(RELEASE + ["--workspace", "--test", "postgres_database"]) + " && " + LEFTOVER],
+        env={"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres"},
+    ))
+    # The tests that touch PostgreSQL's behaviour, against every other major services.sh runs.
+    busy.append(Job("PostgreSQL matrix", ["./scripts/postgres-matrix.sh"]))
+    return waiting, busy
+
+
+def report(job, lock):
+    with lock:
+        verdict = "ok" if job.status == 0 else f"FAILED (exit {job.status})"
+        print(f"\n===== {job.name}: {verdict} in {job.seconds:.0f} s", flush=True)
+        sys.stdout.write(job.output)
+        sys.stdout.flush()
+
+
+def run_side_by_side(jobs, lanes, lock):
+    queue = list(jobs)
+
+    def lane():
+        while True:
+            with lock:
+                if not queue:
+                    return
+                job = queue.pop(0)
+            job.run()
+            report(job, lock)
+
+    threads = [threading.Thread(target=lane) for _ in range(max(1, lanes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def main():
+    waiting, busy = plan()
+    lock = threading.Lock()
+    started = time.monotonic()
+    print(f"test-suite: phase 1, {len(waiting)} end-to-end jobs, {LANES} at a time", flush=True)
+    run_side_by_side(waiting, LANES, lock)
+    phase1 = time.monotonic() - started
+    print(f"\ntest-suite: phase 2, {len(busy)} jobs one at a time", flush=True)
+    run_side_by_side(busy, 1, lock)
+    total = time.monotonic() - started
+
+    jobs = waiting + busy
+    failed = [job for job in jobs if job.status != 0]
+    print(f"\ntest-suite: phase 1 took {phase1:.0f} s, phase 2 {total - phase1:.0f} s, {total:.0f} s in all")
+    for job in sorted(jobs, key=lambda job: -job.seconds):
+        print(f"  {job.seconds:6.0f} s  {'ok    ' if job.status == 0 else 'FAILED'}  {job.name}")
+    if failed:
+        for job in failed:
+            print(f"\n===== again, the output of the failed job {job.name}")
+            sys.stdout.write(job.output)
+        sys.exit(f"test-suite: {len(failed)} of {len(jobs)} jobs failed: {', '.join(job.name for job in failed)}")
+
+
+if __name__ == "__main__":
+    main()
