@@ -12,32 +12,15 @@ use outbox_operator::reconcile::validate::{RelayPlan, validate};
 use outbox_operator::{Error, OutboxRelaySpec};
 use outbox_relay::database::DatabaseTarget;
 use outbox_relay::secret_url::{SecretUrl, UrlKind};
-use sqlx::{Connection, PgConnection};
+
+mod common;
+
+use common::{CANARY, OwnSchema, connect, database_url, execute};
 
 const RELAY: &str = "shop/orders";
-/// A password no configuration contains, so finding it in a message is a leak.
-const CANARY: &str = "Canary-Pw-7f3a9";
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
 
 fn target() -> DatabaseTarget {
     DatabaseTarget::from_url(SecretUrl::parse(&database_url(), UrlKind::Postgres).unwrap())
-}
-
-async fn connect() -> PgConnection {
-    PgConnection::connect(&database_url())
-        .await
-        .expect("the local PostgreSQL must be running (see scripts/services.sh)")
-}
-
-async fn execute(sql: String) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(&mut connect().await)
-        .await
-        .unwrap();
 }
 
 async fn scalar<T>(sql: String) -> T
@@ -48,24 +31,6 @@ where
         .fetch_one(&mut connect().await)
         .await
         .unwrap()
-}
-
-/// A schema of the test's own, dropped (with everything in it) when the test ends.
-struct OwnSchema(String);
-
-impl Drop for OwnSchema {
-    fn drop(&mut self) {
-        let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0);
-        // Drop runs inside the test's runtime, which cannot block on itself.
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(execute(sql));
-        })
-        .join();
-    }
 }
 
 fn plan(table: &str, notify: bool) -> RelayPlan {
@@ -81,10 +46,11 @@ fn plan(table: &str, notify: bool) -> RelayPlan {
 /// by [`RELAY`], with a report row of [`RELAY`] and one of another relay sharing the schema's
 /// report table.
 async fn migrated_table() -> (OwnSchema, String, RelayPlan) {
-    let schema = format!("s_{}", uuid::Uuid::new_v4().simple());
+    let own_schema = OwnSchema::create().await;
+    let schema = own_schema.name();
     let table = format!("{schema}.outbox");
     execute(format!(
-        "CREATE SCHEMA {schema}; CREATE TABLE {table} (id uuid PRIMARY KEY, \
+        "CREATE TABLE {table} (id uuid PRIMARY KEY, \
          type varchar(255) NOT NULL, content jsonb NOT NULL, occurred_on_utc timestamptz NOT NULL, \
          processed_on_utc timestamptz NULL, error text NULL); \
          INSERT INTO {table} SELECT gen_random_uuid(), 't', '{{}}', now(), NULL, NULL \
@@ -106,7 +72,7 @@ async fn migrated_table() -> (OwnSchema, String, RelayPlan) {
          VALUES ('{RELAY}', 'orders-1'), ('{RELAY}', 'orders-2'), ('shop/billing', 'billing-1')"
     ))
     .await;
-    (OwnSchema(schema), table, plan)
+    (own_schema, table, plan)
 }
 
 /// What the migration left on `table`, as the cleanup should find or leave it.
@@ -169,7 +135,7 @@ async fn clean_up(plan: &RelayPlan, relay: &str, remove_migration: bool) -> Clea
 #[tokio::test]
 async fn delete_removes_what_the_migration_created_and_leaves_the_rows() {
     let (schema, table, plan) = migrated_table().await;
-    let before = leftovers(&schema.0, &table).await;
+    let before = leftovers(schema.name(), &table).await;
     assert_eq!(
         before,
         Leftovers {
@@ -200,7 +166,7 @@ async fn delete_removes_what_the_migration_created_and_leaves_the_rows() {
     assert_eq!(report.report_rows_deleted, 2);
     assert_eq!(report.autovacuum_reset.len(), 5, "{report:?}");
     assert_eq!(
-        leftovers(&schema.0, &table).await,
+        leftovers(schema.name(), &table).await,
         Leftovers {
             index: false,
             trigger: false,
@@ -236,7 +202,7 @@ async fn retain_only_releases_the_claim() {
         }
     );
     assert_eq!(
-        leftovers(&schema.0, &table).await,
+        leftovers(schema.name(), &table).await,
         Leftovers {
             index: true,
             trigger: true,
@@ -258,7 +224,7 @@ async fn a_relay_that_never_held_the_table_leaves_the_holders_objects_alone() {
     let run = clean_up(&plan, "shop/orders-copy", true).await;
     assert_eq!(run.claim, Release::HeldBy(RELAY.into()));
     assert!(run.removed.is_none(), "{run:?}");
-    let after = leftovers(&schema.0, &table).await;
+    let after = leftovers(schema.name(), &table).await;
     assert!(
         after.index && after.trigger && after.claims == 1,
         "{after:?}"

@@ -13,13 +13,9 @@ use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::table::migrate::{IndexAction, MigrationReport};
 use sqlx::{Connection, PgConnection};
 
-/// A password no configuration contains, so finding it in a message is a leak.
-const CANARY: &str = "Canary-Pw-7f3a9";
+mod common;
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
+use common::{CANARY, OwnSchema, connect, database_url, execute};
 
 /// The local server with [`CANARY`] as the password (trust authentication ignores it).
 /// The operator's connection to `url`, without a password file or TLS material of its own.
@@ -41,22 +37,9 @@ fn url_of_database(database: &str) -> String {
     url.to_string()
 }
 
-async fn connect() -> PgConnection {
-    PgConnection::connect(&database_url())
-        .await
-        .expect("the local PostgreSQL must be running (see scripts/services.sh)")
-}
-
 async fn execute_on(conn: &mut PgConnection, sql: String) {
     sqlx::query(sqlx::AssertSqlSafe(sql))
         .execute(conn)
-        .await
-        .unwrap();
-}
-
-async fn execute(sql: String) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-        .execute(&mut connect().await)
         .await
         .unwrap();
 }
@@ -65,22 +48,20 @@ async fn execute(sql: String) {
 /// is its own too. Derefs to the schema-qualified name; dropping it drops the schema, so the
 /// database `DATABASE_URL` names is left as it was found, even when the test fails.
 async fn create_outbox_table() -> OwnTable {
-    let schema = format!("s_{}", uuid::Uuid::new_v4().simple());
+    let schema = OwnSchema::create().await;
+    let name = format!("{}.outbox", schema.name());
     execute(format!(
-        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.outbox (id uuid PRIMARY KEY, \
+        "CREATE TABLE {name} (id uuid PRIMARY KEY, \
          type varchar(255) NOT NULL, content jsonb NOT NULL, occurred_on_utc timestamptz NOT NULL, \
          processed_on_utc timestamptz NULL, error text NULL)"
     ))
     .await;
-    OwnTable {
-        name: format!("{schema}.outbox"),
-        schema,
-    }
+    OwnTable { name, schema }
 }
 
 struct OwnTable {
     name: String,
-    schema: String,
+    schema: OwnSchema,
 }
 
 impl std::ops::Deref for OwnTable {
@@ -93,24 +74,6 @@ impl std::ops::Deref for OwnTable {
 impl std::fmt::Display for OwnTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.name)
-    }
-}
-
-impl Drop for OwnTable {
-    fn drop(&mut self) {
-        // Drop runs inside the test's runtime, which cannot block on itself: a thread of its own.
-        let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema);
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(execute(sql));
-        })
-        .join();
-        if dropped.is_err() && !std::thread::panicking() {
-            panic!("could not drop the test's schema {}", self.schema);
-        }
     }
 }
 
@@ -482,7 +445,7 @@ async fn the_first_relay_to_claim_a_table_keeps_it_until_its_claim_expires() {
     // A claim nobody renewed for longer than the expiry (its relay deleted) is taken over.
     execute(format!(
         "UPDATE {}.outbox_relay_claims SET renewed_at = now() - interval '16 minutes'",
-        table.schema
+        table.schema.name()
     ))
     .await;
     observe("billing/orders-copy")

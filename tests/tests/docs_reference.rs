@@ -177,6 +177,65 @@ fn metrics_page_lists_every_metric() {
     );
 }
 
+/// The book explains metrics in prose and tables of its own (observability, the runbooks): a
+/// name there that no registry has is a metric renamed or removed under the reader's feet.
+#[test]
+fn the_book_names_only_metrics_that_exist() {
+    let mut known: Vec<String> = metrics::relay()
+        .into_iter()
+        .chain(metrics::operator())
+        .map(|m| m.name)
+        .collect();
+    // The relay's tables share the prefix.
+    known.push(outbox_relay::table::REPORTS_TABLE.to_string());
+    known.push(outbox_operator::reconcile::database::claims::CLAIMS_TABLE.to_string());
+
+    let mut pages = vec![repo_root().join("README.md")];
+    let mut folders = vec![repo_root().join("docs")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("read docs/") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+    }
+    let mut named = 0;
+    let mut unknown = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("read a page");
+        for (start, _) in text.match_indices("outbox_") {
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if !(name.starts_with("outbox_relay_") || name.starts_with("outbox_operator_")) {
+                continue;
+            }
+            named += 1;
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .filter(|base| known.iter().any(|k| k == base))
+                .unwrap_or(&name);
+            if !known.iter().any(|k| k == family) {
+                unknown.push(format!("{}: {name}", page.display()));
+            }
+        }
+    }
+    assert!(
+        named >= 40,
+        "only {named} metric names found in the book: the scan went wrong"
+    );
+    assert!(
+        unknown.is_empty(),
+        "the book names metrics neither registry has:\n{}",
+        unknown.join("\n")
+    );
+}
+
 #[test]
 fn cli_page_is_deterministic_and_covers_every_subcommand() {
     let first = cli::render(&process::binary, REGENERATE).expect("render cli.md");

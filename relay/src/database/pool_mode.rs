@@ -9,7 +9,11 @@
 //! happen to share a server session, possibly after rows were claimed. See
 //! docs/connecting-securely.md, "Behind a connection pooler".
 
-/// `--database-pool-mode`.
+/// What the database URL reaches: `session`, a server session of the relay's own (the server, or
+/// a pooler in session mode), or `transaction`, a pooler in transaction mode (PgBouncer
+/// `pool_mode = transaction`), where the relay sends unnamed statements inside transactions and
+/// needs a session URL of its own for what takes a session (per-key ordering, LISTEN, the
+/// migration's lock). Declared, not detected: a pooler does not tell its mode.
 #[derive(
     Debug,
     Clone,
