@@ -61,18 +61,19 @@ image-tools:
 ## demo: seed 1,000,000 rows into a local table and relay them to RabbitMQ, with live progress.
 ## The servers (mostly downloads on a fresh machine) start while the release build compiles.
 demo:
-	@$(MAKE) --no-print-directory -j2 --output-sync=line services release
+	@$(MAKE) --no-print-directory -j2 services release
 	RELAY='$(BIN_DIR)/outbox-relay' ./scripts/demo.sh
 
 ## test: everything CI runs: first what the machine lacks (root, cgroups for the node; Go for
 ## the control plane's build), then lint, the tests, the PostgreSQL matrix, the chart check, the
 ## book, the smoke runs and the fuzz run.
 ##
-## Three things happen at once first (test-ready): the control plane's Go build, the servers and
-## tools (downloads, on a fresh machine), and lint with the release build of every test target.
-## The Go and Rust builds fill each other's idle core; the downloads cost no CPU.
+## Three things happen at once first: the control plane's Go build, the servers and tools
+## (downloads, on a fresh machine), and lint with the release build of every test target. The Go
+## and Rust builds fill each other's idle core; the downloads cost no CPU. Their lines interleave
+## (make's --output-sync would hold a build's lines back until it ends, minutes later).
 test: node-check
-	@$(MAKE) --no-print-directory -j3 --output-sync=line control-plane test-servers test-builds
+	@$(MAKE) --no-print-directory -j3 control-plane test-servers test-builds
 	@$(MAKE) --no-print-directory test-rust chart-check docs-check bench-smoke chaos-smoke fuzz SMOKE_BINARIES=test-rust
 
 ## test-servers: the servers and every tool the tests use, one after another (apt runs one at a time).
