@@ -34,6 +34,16 @@ pub const EXCHANGE: &str = "outbox";
 pub const BATCH_SIZE: i64 = 500;
 pub const BATCH_SIZE_RANGE: RangeInclusive<i64> = 1..=10_000;
 
+/// How long one host of the database URL may take to accept a connection (TLS and login
+/// included) before the next is tried; the URL's `connect_timeout` overrides it. libpq waits
+/// without limit, which leaves a relay hanging on a host whose packets are dropped.
+pub const DATABASE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a COMMIT may take before its connection is dropped and the batch counted as not
+/// settled: a primary whose synchronous standby is gone waits for it without limit, and
+/// `statement_timeout` does not bound that wait.
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub const WORKERS: i64 = 2;
 pub const WORKERS_RANGE: RangeInclusive<i64> = 1..=256;
 

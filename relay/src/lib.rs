@@ -7,6 +7,7 @@
 //! checks that no module imports form a circle):
 //!
 //! - [`defaults`]: every default value and limit of the relay's options, in one place;
+//! - [`libpq_url`]: libpq's multi-host URL form, split into one URL per host;
 //! - [`secret_url`], [`secret_file`], [`certificate_dates`] and [`metrics`]: leaves shared by
 //!   everything above;
 //! - [`database`]: opening connections (TLS as libpq means it, password files, clear failures);
@@ -22,6 +23,7 @@
 
 pub mod certificate_dates;
 pub mod defaults;
+pub mod libpq_url;
 pub mod metrics;
 pub mod secret_file;
 pub mod secret_url;

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::libpq_url;
+
 /// Which service a URL is for; decides the accepted schemes and the error wording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UrlKind {
@@ -46,14 +48,32 @@ pub enum UrlError {
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl {
     full: String,
+    /// `full`, or for libpq's multi-host form the URL of its first host: what `url` parses.
+    first_host: String,
     redacted: String,
 }
 
 impl SecretUrl {
     pub fn parse(text: &str, kind: UrlKind) -> Result<Self, UrlError> {
         let example = kind.example();
+        let text = text.trim();
+        // libpq's multi-host form (`h1:5432,h2:5433`) is no URL to the parser: each host is
+        // checked as a URL of its own, and all of them are shown.
+        let hosts = match kind {
+            UrlKind::Postgres => {
+                Some(libpq_url::split(text).map_err(|e| UrlError::Unparseable {
+                    reason: e.to_string(),
+                    example,
+                })?)
+            }
+            UrlKind::Amqp => None,
+        };
+        let first = match &hosts {
+            Some(list) => list.hosts[0].url.as_str(),
+            None => text,
+        };
         // The parser's own message never contains the input, so it is safe to pass on.
-        let parsed = url::Url::parse(text.trim()).map_err(|e| UrlError::Unparseable {
+        let parsed = url::Url::parse(first).map_err(|e| UrlError::Unparseable {
             reason: e.to_string(),
             example,
         })?;
@@ -66,9 +86,23 @@ impl SecretUrl {
         if parsed.host_str().is_none_or(str::is_empty) {
             return Err(UrlError::NoHost { example });
         }
+        let redacted = match &hosts {
+            Some(list) if list.hosts.len() > 1 => {
+                for host in &list.hosts[1..] {
+                    url::Url::parse(&host.url).map_err(|e| UrlError::Unparseable {
+                        reason: format!("host {}: {e}", host.endpoint),
+                        example,
+                    })?;
+                }
+                let endpoints: Vec<&str> = list.hosts.iter().map(|h| h.endpoint.as_str()).collect();
+                redact_with_hosts(&parsed, &endpoints.join(","))
+            }
+            _ => redact(&parsed),
+        };
         Ok(Self {
-            full: text.trim().to_string(),
-            redacted: redact(&parsed),
+            full: text.to_string(),
+            first_host: first.to_string(),
+            redacted,
         })
     }
 
@@ -77,16 +111,22 @@ impl SecretUrl {
         &self.full
     }
 
+    /// The URL parsed; for libpq's multi-host form, its first host's URL (the parameters are
+    /// the same for every host). Never log this.
+    pub fn parsed(&self) -> Option<url::Url> {
+        url::Url::parse(&self.first_host).ok()
+    }
+
     /// The password as given (percent-decoded), so tests and log scanners can look for it.
     pub fn password(&self) -> Option<String> {
-        let parsed = url::Url::parse(&self.full).ok()?;
+        let parsed = self.parsed()?;
         let raw = parsed.password()?;
         Some(percent_decode(raw))
     }
 
     /// The user name as given (percent-decoded); `None` when the URL has none.
     pub fn username(&self) -> Option<String> {
-        let parsed = url::Url::parse(&self.full).ok()?;
+        let parsed = self.parsed()?;
         Some(parsed.username())
             .filter(|user| !user.is_empty())
             .map(percent_decode)
@@ -110,6 +150,19 @@ fn redact(url: &url::Url) -> String {
     // Query strings may hold passwords too (`?password=`), so they are dropped from the shown form.
     shown.set_query(None);
     shown.to_string()
+}
+
+/// The redacted form of a multi-host URL: the first host's URL, redacted, with every host in
+/// its authority.
+fn redact_with_hosts(first: &url::Url, hosts: &str) -> String {
+    let mut userinfo = first.username().to_string();
+    if first.password().is_some() {
+        userinfo.push_str(":***");
+    }
+    if !userinfo.is_empty() {
+        userinfo.push('@');
+    }
+    format!("{}://{userinfo}{hosts}{}", first.scheme(), first.path())
 }
 
 fn percent_decode(text: &str) -> String {
@@ -152,6 +205,21 @@ mod tests {
         }
         assert_eq!(url.password().as_deref(), Some("s3cr@t/pw"));
         assert!(url.expose().contains("s3cr%40t"));
+    }
+
+    #[test]
+    fn a_multi_host_url_is_taken_and_shows_every_host() {
+        let url = SecretUrl::parse(
+            "postgres://app:s3cret@h1:5432,h2:5433/orders?target_session_attrs=read-write",
+            UrlKind::Postgres,
+        )
+        .unwrap();
+        assert_eq!(url.redacted(), "postgres://app:***@h1:5432,h2:5433/orders");
+        assert_eq!(url.password().as_deref(), Some("s3cret"));
+        let err =
+            SecretUrl::parse("postgres://app:s3cret@h1:x,h2/db", UrlKind::Postgres).unwrap_err();
+        assert!(err.to_string().contains("not a port number"), "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
     }
 
     #[test]

@@ -251,7 +251,7 @@ fn pg_mode(mode: PostgresTlsMode) -> PgSslMode {
 /// The pods get these settings as libpq's variables, which the URL's parameters would
 /// silently override: both at once is refused, naming the parameter.
 fn refuse_url_tls_parameters(url: &SecretUrl, reference: &SecretKeyRef) -> Result<(), Error> {
-    let Ok(parsed) = url::Url::parse(url.expose()) else {
+    let Some(parsed) = url.parsed() else {
         return Ok(());
     };
     let set: Vec<String> = parsed
@@ -403,8 +403,16 @@ fn url_from(
 ) -> Result<SecretUrl, Error> {
     let text = text_of(fetched, &reference.name, &reference.key)?;
     // UrlError messages never repeat the input, so they are safe to show.
-    SecretUrl::parse(&text, kind)
-        .map_err(|e| invalid(&reference.name, &reference.key, &e.to_string()))
+    let url = SecretUrl::parse(&text, kind)
+        .map_err(|e| invalid(&reference.name, &reference.key, &e.to_string()))?;
+    if kind == UrlKind::Postgres {
+        // The relay pods and the operator both write: a URL choosing read-only sessions (or
+        // naming a choice libpq does not know) is refused here, as the relay refuses it.
+        let target = DatabaseTarget::from_url(url.clone());
+        outbox_relay::database::require_writes(&target)
+            .map_err(|e| invalid(&reference.name, &reference.key, &e))?;
+    }
+    Ok(url)
 }
 
 #[cfg(test)]

@@ -35,6 +35,10 @@ pub enum Error {
     /// The message is already redacted: it never carries the URL's password.
     #[error("cannot connect to the database: {0}")]
     DatabaseUnreachable(String),
+    /// Every server the URL names is a read-only standby (a failover under way, a replica's
+    /// URL): waited out like an outage, with a reason of its own. Already redacted.
+    #[error("cannot connect to the database: {0}")]
+    DatabaseReadOnly(String),
     /// The database refused the operator for a reason someone must fix: TLS (`DatabaseTLS`),
     /// the login (`DatabaseAuth`) or a setting (`DatabaseSettings`). Already redacted.
     #[error("cannot connect to the database: {message}")]
@@ -111,6 +115,7 @@ impl Error {
             Error::ReadConfigMap(_) => "read_config_map",
             Error::InvalidSpec(_) => "invalid_spec",
             Error::DatabaseUnreachable(_) => "database_unreachable",
+            Error::DatabaseReadOnly(_) => "database_read_only",
             Error::DatabaseRefused { .. } => "database_refused",
             Error::MigrationFailed(_) => "migration_failed",
             Error::IdNotUnique(_) => "id_not_unique",
@@ -141,6 +146,7 @@ impl Error {
             Error::ConfigMapValueInvalid { .. } => Some("ConfigMapValueInvalid"),
             Error::InvalidSpec(_) => Some("InvalidSpec"),
             Error::DatabaseUnreachable(_) => Some("DatabaseUnreachable"),
+            Error::DatabaseReadOnly(_) => Some("DatabaseReadOnly"),
             Error::DatabaseRefused { reason, .. } => Some(reason),
             Error::MigrationFailed(_) => Some("MigrationFailed"),
             Error::IdNotUnique(_) => Some("IdNotUnique"),
@@ -179,6 +185,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::DatabaseUnreachable(_)
+            | Error::DatabaseReadOnly(_)
             | Error::ObserveLag(_)
             | Error::ReadSecret(_)
             | Error::ReadConfigMap(_)
@@ -211,6 +218,7 @@ impl Error {
         matches!(
             self,
             Error::DatabaseUnreachable(_)
+                | Error::DatabaseReadOnly(_)
                 | Error::DatabaseRefused { .. }
                 | Error::MigrationFailed(_)
                 | Error::IdNotUnique(_)
@@ -247,6 +255,7 @@ mod tests {
             },
             Error::InvalidSpec(SpecErrors(vec![])),
             Error::DatabaseUnreachable("refused".into()),
+            Error::DatabaseReadOnly("127.0.0.1:5433 is a read-only standby".into()),
             Error::DatabaseRefused {
                 reason: "DatabaseTLS",
                 message: "the server's certificate is not trusted".into(),

@@ -29,7 +29,7 @@ pub async fn command(args: LagArgs) -> ExitCode {
             format!("must be at least 1, got {}", args.cap),
         ));
     }
-    let (config, mut conn) = match connect(&args.table, "lag").await {
+    let (config, mut conn) = match connect(&args.table, "lag", false).await {
         Ok(pair) => pair,
         Err(code) => return code,
     };

@@ -30,7 +30,7 @@ pub struct MigrateArgs {
 pub async fn command(args: MigrateArgs) -> ExitCode {
     init_logs(LogFormat::Text);
     let wait = args.wait.unwrap_or(defaults::MIGRATE_WAIT);
-    let (config, mut conn) = match connect(&args.table, "migrate").await {
+    let (config, mut conn) = match connect(&args.table, "migrate", true).await {
         Ok(pair) => pair,
         Err(code) => return code,
     };

@@ -61,7 +61,7 @@ pub async fn command(args: SeedArgs) -> ExitCode {
             format!("must be a positive number, got {rate}"),
         ));
     }
-    let (config, mut conn) = match connect(&args.table, "seed").await {
+    let (config, mut conn) = match connect(&args.table, "seed", true).await {
         Ok(pair) => pair,
         Err(code) => return code,
     };

@@ -41,11 +41,16 @@ pub fn failure(error: impl std::fmt::Display) -> ExitCode {
 /// `command` (e.g. "migrate") runs on one session: its advisory lock and its statements (named,
 /// prepared once) need one, so under `--database-pool-mode transaction` it connects through
 /// `--session-database-url`, and without one it is refused, naming both settings.
+/// `writes`: the command writes, so a URL choosing read-only sessions is refused.
 pub async fn connect(
     args: &TableArgs,
     command: &str,
+    writes: bool,
 ) -> Result<(TableConfig, PgConnection), ExitCode> {
     let config = resolve_table(args).map_err(usage_error)?;
+    if writes {
+        config.require_writes().map_err(usage_error)?;
+    }
     let target = config
         .session_database(&format!("`outbox-relay {command}`"))
         .map_err(usage_error)?;
@@ -60,7 +65,7 @@ pub async fn connect(
 pub fn connect_failure(target: &DatabaseTarget, e: &ConnectFailure) -> ExitCode {
     let text = format!("cannot connect to {target}: {e}");
     match e.kind {
-        FailureKind::Unreachable | FailureKind::Other => failure(text),
+        FailureKind::Unreachable | FailureKind::Other | FailureKind::ReadOnly => failure(text),
         FailureKind::Settings | FailureKind::Tls | FailureKind::Auth => usage_error(text),
     }
 }

@@ -226,6 +226,11 @@ pub struct RunArgs {
     /// Longest wait for the confirms of one batch, e.g. 10s. Default: 10s.
     #[arg(long, env = "OUTBOX_RELAY_PUBLISH_TIMEOUT", value_parser = positive_duration)]
     pub publish_timeout: Option<Duration>,
+    /// Longest wait for the COMMIT of one batch, e.g. 10s; after it the connection is dropped
+    /// and the batch counts as not settled (a primary whose synchronous standby is gone never
+    /// answers). Default: 10s.
+    #[arg(long, env = "OUTBOX_RELAY_COMMIT_TIMEOUT", value_parser = positive_duration)]
+    pub commit_timeout: Option<Duration>,
     /// Broker rejections before a message is dead-lettered (1..=1000). Default: 5.
     #[arg(long, env = "OUTBOX_RELAY_MAX_ATTEMPTS", allow_hyphen_values = true)]
     pub max_attempts: Option<i64>,

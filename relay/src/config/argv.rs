@@ -30,6 +30,7 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
         publisher_confirms,
         mandatory,
         publish_timeout,
+        commit_timeout,
         max_attempts,
         dead_letter_exchange,
         poll_interval,
@@ -63,6 +64,7 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
     argv.shown("publisher-confirms", publisher_confirms);
     argv.shown("mandatory", mandatory);
     argv.duration("publish-timeout", publish_timeout);
+    argv.duration("commit-timeout", commit_timeout);
     argv.shown("max-attempts", max_attempts);
     argv.text("dead-letter-exchange", dead_letter_exchange);
     argv.duration("poll-interval", poll_interval);
@@ -237,6 +239,7 @@ mod tests {
             publisher_confirms: Some(false),
             mandatory: Some(true),
             publish_timeout: Some(Duration::from_secs(3)),
+            commit_timeout: Some(Duration::from_secs(4)),
             max_attempts: Some(9),
             dead_letter_exchange: Some("sales.dlx".into()),
             poll_interval: Some(Duration::from_millis(50)),

@@ -43,6 +43,7 @@ pub struct FileConfig {
     pub publisher_confirms: Option<bool>,
     pub mandatory: Option<bool>,
     pub publish_timeout: Option<String>,
+    pub commit_timeout: Option<String>,
     pub max_attempts: Option<i64>,
     pub dead_letter_exchange: Option<String>,
     pub poll_interval: Option<String>,

@@ -37,6 +37,21 @@ pub struct TableConfig {
 }
 
 impl TableConfig {
+    /// Refuses URLs whose `target_session_attrs` chooses sessions that cannot write, for the
+    /// commands that write (all but `lag`, which may measure on a standby).
+    pub fn require_writes(&self) -> Result<(), ConfigError> {
+        let targets = [
+            ("database-url", Some(&self.database)),
+            ("session-database-url", self.session_database.as_ref()),
+        ];
+        for (field, target) in targets {
+            if let Some(target) = target {
+                crate::database::require_writes(target).map_err(|e| ConfigError::new(field, e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Where to open a connection that `need` (what it is for, e.g. "per-key ordering") holds
     /// as one server session: `--database-url` when it is one, else `--session-database-url`;
     /// an error naming both settings when a transaction pool is all there is.
@@ -78,6 +93,7 @@ pub struct RelayConfig {
     pub publisher_confirms: bool,
     pub mandatory: bool,
     pub publish_timeout: Duration,
+    pub commit_timeout: Duration,
     pub max_attempts: i32,
     pub dead_letter_exchange: Option<String>,
     pub poll_interval: Duration,
@@ -349,8 +365,17 @@ fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig
             password_file.clone(),
         )),
     };
+    let database = DatabaseTarget::new(database_url, password_file);
+    for (field, target) in [
+        ("database-url", Some(&database)),
+        ("session-database-url", session_database.as_ref()),
+    ] {
+        if let Some(target) = target {
+            crate::database::choice(target).map_err(|e| ConfigError::new(field, e.to_string()))?;
+        }
+    }
     Ok(TableConfig {
-        database: DatabaseTarget::new(database_url, password_file),
+        database,
         pool_mode,
         session_database,
         table: OutboxTable {
@@ -370,6 +395,7 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
 
 fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, ConfigError> {
     let db = resolve_table_with(&args.table, file)?;
+    db.require_writes()?;
 
     let broker_protocol = layer(&args.broker_protocol, &file.broker_protocol).unwrap_or_default();
     let broker_url = broker_url(args, file)?;
@@ -472,6 +498,8 @@ fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, Co
             &file.publish_timeout,
         )?
         .unwrap_or(defaults::PUBLISH_TIMEOUT),
+        commit_timeout: duration("commit-timeout", args.commit_timeout, &file.commit_timeout)?
+            .unwrap_or(defaults::COMMIT_TIMEOUT),
         max_attempts,
         dead_letter_exchange,
         poll_interval: duration("poll-interval", args.poll_interval, &file.poll_interval)?
@@ -886,6 +914,7 @@ mod tests {
             ("inflight_batches", defaults::INFLIGHT_BATCHES.to_string()),
             ("max_attempts", defaults::MAX_ATTEMPTS.to_string()),
             ("publish_timeout", duration(defaults::PUBLISH_TIMEOUT)),
+            ("commit_timeout", duration(defaults::COMMIT_TIMEOUT)),
             ("poll_interval", duration(defaults::POLL_INTERVAL)),
             ("metrics_addr", defaults::METRICS_ADDR.to_string()),
             (

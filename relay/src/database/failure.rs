@@ -7,6 +7,7 @@ use rustls::CertificateError;
 use sqlx::postgres::PgSslMode;
 
 use super::options::{Resolved, RootCert, SettingsError, mode_name};
+use super::session_attrs::{ServerRole, SessionAttrs};
 use super::target::DatabaseTarget;
 use crate::certificate_dates::{self, Refusing};
 use crate::secret_file::PasswordFileError;
@@ -23,6 +24,9 @@ pub enum FailureKind {
     Auth,
     /// The server could not be reached or went away: an outage, retried.
     Unreachable,
+    /// Every server reached is of the wrong kind for `target_session_attrs`: a read-only
+    /// standby where a primary is needed (a failover under way, a replica's URL, stale DNS).
+    ReadOnly,
     /// Anything else the server said (e.g. the database does not exist).
     Other,
 }
@@ -35,6 +39,7 @@ impl FailureKind {
             FailureKind::Tls => "DatabaseTLS",
             FailureKind::Auth => "DatabaseAuth",
             FailureKind::Unreachable => "DatabaseUnreachable",
+            FailureKind::ReadOnly => "DatabaseReadOnly",
             FailureKind::Other => "DatabaseError",
         }
     }
@@ -73,6 +78,72 @@ impl ConnectFailure {
         Self::new(
             FailureKind::Settings,
             format!("cannot read {setting} file {path}: {}", e.kind()),
+        )
+    }
+
+    /// A server was reached, and it is not what `attrs` asks for.
+    pub fn wrong_role(endpoint: &str, role: ServerRole, attrs: SessionAttrs) -> Self {
+        Self::new(
+            FailureKind::ReadOnly,
+            format!(
+                "{endpoint} is {}, and target_session_attrs={attrs} needs {}",
+                role.describe(),
+                match attrs {
+                    SessionAttrs::ReadOnly => "a read-only session",
+                    SessionAttrs::Standby => "a standby",
+                    SessionAttrs::Primary => "a primary",
+                    _ => "a primary accepting writes",
+                }
+            ),
+        )
+    }
+
+    /// `connect_timeout` passed before `endpoint` accepted the connection.
+    pub fn timed_out(endpoint: &str, after: std::time::Duration) -> Self {
+        Self::new(
+            FailureKind::Unreachable,
+            format!(
+                "{endpoint} did not accept a connection within {}s (connect_timeout)",
+                after.as_secs()
+            ),
+        )
+    }
+
+    /// Every host of a multi-host URL failed: the most actionable cause names the kind (a
+    /// setting, TLS or a login before a standby, before an outage), and every host is told.
+    pub fn of_every_host(attrs: SessionAttrs, mut failures: Vec<(String, ConnectFailure)>) -> Self {
+        if failures.len() == 1 {
+            return failures.remove(0).1;
+        }
+        let rank = |kind: FailureKind| match kind {
+            FailureKind::Settings => 0,
+            FailureKind::Tls => 1,
+            FailureKind::Auth => 2,
+            FailureKind::ReadOnly => 3,
+            FailureKind::Other => 4,
+            FailureKind::Unreachable => 5,
+        };
+        let kind = failures
+            .iter()
+            .map(|(_, f)| f.kind)
+            .min_by_key(|kind| rank(*kind))
+            .unwrap_or(FailureKind::Unreachable);
+        let each: Vec<String> = failures
+            .into_iter()
+            .map(|(endpoint, f)| {
+                if f.message.starts_with(&endpoint) {
+                    f.message
+                } else {
+                    format!("{endpoint}: {}", f.message)
+                }
+            })
+            .collect();
+        Self::new(
+            kind,
+            format!(
+                "no host gave a session that target_session_attrs={attrs} accepts: {}",
+                each.join("; ")
+            ),
         )
     }
 
@@ -135,6 +206,26 @@ pub fn behind_transaction_pooling(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db)
         if matches!(db.code().as_deref(), Some("42P05" | "26000"))
             && db.message().contains("\"sqlx_s_"))
+}
+
+/// Why a connection that served statements must not serve another, in words, when the server
+/// said it is going away or has become a standby (after a failover, the old primary's pooled
+/// connections answer 25006 while a ping still succeeds); `None` for errors of one statement.
+pub fn server_gone(e: &sqlx::Error) -> Option<&'static str> {
+    match e {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("25006") => Some("the server has become a read-only standby (SQLSTATE 25006)"),
+            Some("57P01") => Some("the server is shutting down (SQLSTATE 57P01, admin_shutdown)"),
+            Some("57P02") => Some("the server crashed (SQLSTATE 57P02, crash_shutdown)"),
+            Some("57P03") => Some(
+                "the server is starting up or in recovery (SQLSTATE 57P03, cannot_connect_now)",
+            ),
+            _ => None,
+        },
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => Some("the connection was lost"),
+        sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => Some("the connection was lost"),
+        _ => None,
+    }
 }
 
 /// True when the server refused an unencrypted connection that TLS would have let in (pg_hba's

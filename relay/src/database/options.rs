@@ -70,6 +70,12 @@ pub enum SettingsError {
     UnknownMode { value: String },
     #[error("the URL's parameters are not valid: {reason}")]
     Invalid { reason: String },
+    #[error("{0}")]
+    SessionAttrs(#[from] super::session_attrs::UnknownAttrs),
+    #[error("connect_timeout {value:?} is not a whole number of seconds (0: no limit)")]
+    ConnectTimeout { value: String },
+    #[error("load_balance_hosts {value:?} is not one of disable, random")]
+    LoadBalanceHosts { value: String },
 }
 
 /// `url` as options, with `password` (from a password file) in place of the URL's, and `tls`

@@ -85,6 +85,14 @@ pub struct Metrics {
     pub oldest_age_seconds: Gauge,
     pub publish_rate: Gauge,
     pub database_connected: IntGauge,
+    /// 1 while the last database connect found only servers that cannot take writes.
+    pub database_waiting_for_primary: IntGauge,
+    /// Connections closed because their server was a standby (or read-only) where the relay
+    /// needs a primary.
+    pub database_standby_refusals: IntCounter,
+    /// Connections dropped because the server said it became a standby or is going away, or a
+    /// COMMIT did not return in time.
+    pub database_connections_discarded: IntCounter,
     pub broker_connected: IntGauge,
     pub workers_busy: IntGauge,
     /// When this process last wrote its lag report (Unix seconds): an alert sees it go stale.
@@ -179,6 +187,30 @@ impl Metrics {
                 IntGauge::new(
                     "outbox_relay_database_connected",
                     "Workers connected to PostgreSQL",
+                ),
+            ),
+            database_waiting_for_primary: registered(
+                r,
+                IntGauge::new(
+                    "outbox_relay_database_waiting_for_primary",
+                    "1 while every database server reached is a read-only standby: the relay \
+                     waits for a primary",
+                ),
+            ),
+            database_standby_refusals: registered(
+                r,
+                IntCounter::new(
+                    "outbox_relay_database_standby_refusals_total",
+                    "Database connections closed before use because the server was a standby \
+                     or read-only (target_session_attrs)",
+                ),
+            ),
+            database_connections_discarded: registered(
+                r,
+                IntCounter::new(
+                    "outbox_relay_database_connections_discarded_total",
+                    "Database connections dropped because the server became a standby, shut \
+                     down or went away, or a COMMIT did not return within --commit-timeout",
                 ),
             ),
             broker_connected: registered(

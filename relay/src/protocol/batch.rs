@@ -39,6 +39,9 @@ pub struct BatchSettings {
     /// Shared by the process's workers: at most this many batches are at the broker at once
     /// (see `--inflight-batches`); None publishes as soon as a batch is claimed.
     pub publish_slots: Option<Arc<Semaphore>>,
+    /// The bound on COMMIT (`--commit-timeout`), apart from [`DATABASE_TIMEOUT`]: a primary
+    /// waiting for a synchronous standby that is gone never answers it.
+    pub commit_timeout: Duration,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -66,6 +69,15 @@ pub enum BatchError {
     Database(#[from] sqlx::Error),
     #[error("database did not answer within {0:?}")]
     DatabaseTimeout(Duration),
+    /// The batch is not counted as settled: the server may have committed it locally and
+    /// makes it visible once its standby answers, or loses it in a failover (its rows then go
+    /// again: duplicates, never a loss).
+    #[error(
+        "COMMIT did not return within {0:?} (--commit-timeout): the server may be waiting for a \
+         synchronous standby that is gone (synchronous_standby_names); the batch counts as not \
+         settled"
+    )]
+    CommitTimeout(Duration),
 }
 
 /// A claim, mark or commit slower than this is said (sqlx's own slow-statement warning is
@@ -116,6 +128,19 @@ async fn timed<T>(
     future: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, BatchError> {
     timed_wait(metrics, stage, bounded(future)).await
+}
+
+/// Commits under `settings.commit_timeout`, observing its time.
+async fn commit(
+    metrics: &Metrics,
+    settings: &BatchSettings,
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+) -> Result<(), BatchError> {
+    let bounded = tokio::time::timeout(settings.commit_timeout, tx.commit());
+    match timed_wait(metrics, Stage::Commit, bounded).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(BatchError::CommitTimeout(settings.commit_timeout)),
+    }
 }
 
 /// Decides a row's fate after a broker refusal: retry while attempts remain.
@@ -189,7 +214,7 @@ pub async fn run_batch<P: Publisher>(
     let rows = rows?;
     metrics.batch_size.observe(rows.len() as f64);
     if rows.is_empty() {
-        timed(metrics, Stage::Commit, tx.commit()).await?;
+        commit(metrics, settings, tx).await?;
         return Ok(BatchReport {
             claim_time,
             ..BatchReport::default()
@@ -275,7 +300,7 @@ pub async fn run_batch<P: Publisher>(
         let settle = settle.persistent(persistent);
         timed(metrics, Stage::Mark, settle.execute(&mut *tx)).await?;
     }
-    timed(metrics, Stage::Commit, tx.commit()).await?;
+    commit(metrics, settings, tx).await?;
     if lanes.is_some() {
         metrics.blocked_keys.record(key_events(&rows, &outcomes));
     }
@@ -482,6 +507,7 @@ mod tests {
             has_attempts_column: true,
             dead_letter_exchange: false,
             publish_slots: None,
+            commit_timeout: crate::defaults::COMMIT_TIMEOUT,
         };
         let first = after_rejection(&row(), Rejection::Nack, &settings);
         assert!(

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::announce::Announcer;
 use crate::broker::{ConnectError, Refusal};
 use crate::database::{ConnectFailure, FailureKind};
 use crate::table::reports::{Problem, ProblemKind};
@@ -12,6 +13,8 @@ use crate::table::reports::{Problem, ProblemKind};
 pub struct Health {
     broker: Arc<Mutex<Option<Problem>>>,
     database: Arc<Mutex<Option<Problem>>>,
+    /// What the process last said about the database's state, so its tasks say it once.
+    database_said: Announcer,
 }
 
 impl Health {
@@ -26,6 +29,11 @@ impl Health {
     /// kept until a connect succeeds.
     pub fn database_connect(&self, outcome: Result<(), &ConnectFailure>) {
         *lock(&self.database) = outcome.err().and_then(database_problem_of);
+    }
+
+    /// Shared by the tasks that connect to the database: a state they all meet is said once.
+    pub fn database_said(&self) -> &Announcer {
+        &self.database_said
     }
 
     /// The problem keeping this process from relaying, if one is known; the database's first,
@@ -47,6 +55,7 @@ fn database_problem_of(error: &ConnectFailure) -> Option<Problem> {
         FailureKind::Tls => ProblemKind::DatabaseTls,
         FailureKind::Auth => ProblemKind::DatabaseAuth,
         FailureKind::Settings => ProblemKind::DatabaseSettings,
+        FailureKind::ReadOnly => ProblemKind::DatabaseReadOnly,
         FailureKind::Unreachable | FailureKind::Other => return None,
     };
     Some(Problem {

@@ -44,7 +44,8 @@ async fn readiness(State(endpoints): State<Endpoints>) -> impl IntoResponse {
     } else {
         // First, so a probe's truncated output still shows it.
         if let Some(problem) = endpoints.health.problem() {
-            body = format!("not ready: {}\n", problem.message);
+            // The code too, so a script can act on it as the operator does on the reports.
+            body = format!("not ready ({}): {}\n", problem.kind.code(), problem.message);
         }
         StatusCode::SERVICE_UNAVAILABLE
     };

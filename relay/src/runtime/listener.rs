@@ -9,11 +9,13 @@ use tracing::{debug, warn};
 
 use crate::database::{DatabaseTarget, listener_pool};
 use crate::runtime::backoff::Backoff;
+use crate::runtime::health::Health;
 
 pub async fn run_listener(
     database: DatabaseTarget,
     channel: String,
     wake: watch::Sender<u64>,
+    health: Health,
     shutdown: CancellationToken,
 ) {
     let mut backoff = Backoff::default();
@@ -27,7 +29,10 @@ pub async fn run_listener(
         let mut listener = match connected {
             Ok(l) => l,
             Err(e) => {
-                warn!(error = %e, "LISTEN connection failed; relying on polling until it is back");
+                let state = format!("LISTEN connection failed: {e}; relying on polling");
+                if health.database_said().should_say(&state) {
+                    warn!("{state}");
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(backoff.next_delay()) => continue,
                     _ = shutdown.cancelled() => return,

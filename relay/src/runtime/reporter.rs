@@ -123,7 +123,8 @@ pub async fn run_reporter(ctx: ReporterContext) {
         (last_total, last_at) = (total, Instant::now());
 
         if session.is_none() {
-            match crate::database::connect(&ctx.database).await {
+            let refusals = &ctx.metrics.database_standby_refusals;
+            match crate::database::connect_counted(&ctx.database, refusals).await {
                 Ok(conn) => {
                     session = Some(Session {
                         conn,
@@ -131,7 +132,12 @@ pub async fn run_reporter(ctx: ReporterContext) {
                     });
                 }
                 Err(e) => {
-                    warn!(error = %e, "reporter cannot reach PostgreSQL; skipping this report");
+                    // The workers meet the same state and say it; said here only when it is
+                    // news to them too.
+                    let state = format!("reporter cannot connect to PostgreSQL: {e}");
+                    if ctx.health.database_said().should_say(&state) {
+                        warn!("{state}; skipping this report");
+                    }
                     continue;
                 }
             }

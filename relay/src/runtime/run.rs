@@ -13,7 +13,9 @@ use crate::broker::amqp::{AmqpConnector, AmqpSettings};
 use crate::broker::amqp10::{Amqp10Connector, Amqp10Settings};
 use crate::broker::{BrokerProtocol, Connector};
 use crate::config::RelayConfig;
-use crate::database::{DatabaseTarget, PoolMode, TRANSACTION_POOLING, behind_transaction_pooling};
+use crate::database::{
+    DatabaseTarget, FailureKind, PoolMode, TRANSACTION_POOLING, behind_transaction_pooling,
+};
 use crate::metrics::Metrics;
 use crate::protocol::batch::BatchSettings;
 use crate::runtime::backoff::Backoff;
@@ -63,17 +65,29 @@ fn spawn_workers<C: Connector>(
 async fn inspect_with_retry(
     config: &RelayConfig,
     health: &Health,
+    metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Result<Option<TableShape>, RunError> {
     let mut backoff = Backoff::default();
     loop {
-        let connected = crate::database::connect(&config.db.database).await;
+        let refusals = &metrics.database_standby_refusals;
+        let connected = crate::database::connect_counted(&config.db.database, refusals).await;
         health.database_connect(connected.as_ref().map(|_| ()));
+        let read_only = matches!(&connected, Err(e) if e.kind == FailureKind::ReadOnly);
+        metrics
+            .database_waiting_for_primary
+            .set(i64::from(read_only));
         match connected {
             // Retried even when a setting is at fault: a CA or a password file may be fixed
             // while the relay waits, and the reason is on /readyz meanwhile.
             Err(e) => {
-                warn!(database = %config.db.database, reason = e.kind.code(), error = %e, "cannot connect to PostgreSQL at start; retrying");
+                let state = match e.kind {
+                    FailureKind::ReadOnly => format!("{e}; waiting for a primary"),
+                    _ => format!("cannot connect to PostgreSQL at start: {e}; retrying"),
+                };
+                if health.database_said().should_say(&state) {
+                    warn!(database = %config.db.database, reason = e.kind.code(), "{state}");
+                }
             }
             Ok(mut conn) => {
                 let shape = inspect_on(&mut conn, config).await;
@@ -161,7 +175,7 @@ pub async fn run(
         source,
     })?;
 
-    let Some(shape) = inspect_with_retry(&config, &health, &shutdown).await? else {
+    let Some(shape) = inspect_with_retry(&config, &health, &metrics, &shutdown).await? else {
         http_stop.cancel();
         return Ok(());
     };
@@ -195,6 +209,7 @@ pub async fn run(
             dead_letter_exchange: config.dead_letter_exchange.is_some(),
             publish_slots: (config.inflight_batches > 0)
                 .then(|| Arc::new(Semaphore::new(config.inflight_batches))),
+            commit_timeout: config.commit_timeout,
         },
         poll_interval: config.poll_interval,
         metrics: metrics.clone(),
@@ -262,6 +277,7 @@ pub async fn run(
                 database,
                 notify_channel(&config.db.table),
                 wake_tx.clone(),
+                health.clone(),
                 background_stop.clone(),
             )
             .in_current_span(),

@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::broker::{ConnectError, Connector, Publisher};
-use crate::database::{DatabaseTarget, TRANSACTION_POOLING, behind_transaction_pooling};
+use crate::database::{
+    DatabaseTarget, FailureKind, TRANSACTION_POOLING, behind_transaction_pooling, server_gone,
+};
 use crate::metrics::Metrics;
 use crate::protocol::batch::{BatchError, BatchSettings, run_batch};
 use crate::protocol::claim::ClaimStart;
@@ -113,18 +115,23 @@ impl<T> Link<T> {
     }
 
     /// Connects unless connected. A failed attempt's error is the caller's to tell, before it
-    /// backs off.
+    /// backs off. The backoff is not reset here but by [`Link::served`]: a server that accepts
+    /// connections and then fails every batch (one that became a standby) must not be retried
+    /// at full speed.
     async fn ensure<E>(&mut self, connect: impl Future<Output = Result<T, E>>) -> Result<(), E> {
         if self.connection.is_none() {
-            let connection = connect.await?;
-            if self.backoff.failures() > 0 {
-                info!("reconnected to {}", self.service);
-            }
-            self.backoff.reset();
-            self.connection = Some(connection);
+            self.connection = Some(connect.await?);
         }
         self.flag.set(true);
         Ok(())
+    }
+
+    /// A batch went through on this connection: the next failure backs off from the start.
+    fn served(&mut self) {
+        if self.backoff.failures() > 0 {
+            info!("{} serves batches again", self.service);
+        }
+        self.backoff.reset();
     }
 
     /// After a failure: the wait before the next attempt, growing with each failure in a row.
@@ -155,13 +162,29 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
     let mut lanes = ctx.lanes_of.as_deref().map(Lanes::new);
 
     while !ctx.shutdown.is_cancelled() {
-        let connected = db.ensure(crate::database::connect(&ctx.database)).await;
+        let refusals = &ctx.metrics.database_standby_refusals;
+        let connected = db
+            .ensure(crate::database::connect_counted(&ctx.database, refusals))
+            .await;
         ctx.health.database_connect(connected.as_ref().map(|_| ()));
+        let read_only = matches!(&connected, Err(e) if e.kind == FailureKind::ReadOnly);
+        ctx.metrics
+            .database_waiting_for_primary
+            .set(i64::from(read_only));
         if let Err(e) = connected {
             let delay = db.next_delay();
-            warn!(endpoint = %ctx.database, reason = e.kind.code(), error = %e, retry_in_ms = delay.as_millis(), "cannot connect to PostgreSQL; retrying");
+            let state = match e.kind {
+                FailureKind::ReadOnly => format!("{e}; waiting for a primary"),
+                _ => format!("cannot connect to PostgreSQL: {e}; retrying"),
+            };
+            if ctx.health.database_said().should_say(&state) {
+                warn!(endpoint = %ctx.database, reason = e.kind.code(), retry_in_ms = delay.as_millis(), "{state}");
+            }
             pause(&ctx.shutdown, delay).await;
             continue;
+        }
+        if let Some(lasted) = ctx.health.database_said().over() {
+            info!(endpoint = %ctx.database, after_s = lasted.as_secs(), "PostgreSQL accepts the relay's sessions again");
         }
         if broker
             .connection
@@ -238,6 +261,10 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         ctx.metrics.workers_busy.dec();
         match result {
             Ok(report) => {
+                db.served();
+                if report.broker_broken.is_none() {
+                    broker.served();
+                }
                 ctx.published_total
                     .fetch_add(report.published as u64, Ordering::Relaxed);
                 // Per-key claims start at the head every time and keep no cursor.
@@ -267,7 +294,23 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 pause(&ctx.shutdown, db.next_delay()).await;
             }
             Err(e) => {
-                warn!(error = %e, "batch rolled back; reconnecting to PostgreSQL");
+                // The connection never serves another batch: whatever the error, it is dropped.
+                let gone = match &e {
+                    BatchError::Database(e) => server_gone(e),
+                    BatchError::CommitTimeout(_) | BatchError::DatabaseTimeout(_) => {
+                        Some("the server did not answer in time")
+                    }
+                };
+                if gone.is_some() {
+                    ctx.metrics.database_connections_discarded.inc();
+                }
+                let state = match gone {
+                    Some(why) => format!("batch rolled back: {why} ({e}); reconnecting"),
+                    None => format!("batch rolled back: {e}; reconnecting to PostgreSQL"),
+                };
+                if ctx.health.database_said().should_say(&state) {
+                    warn!("{state}");
+                }
                 cursor.reset();
                 drop_database(&mut db, lanes.as_mut(), &ctx.metrics);
                 pause(&ctx.shutdown, db.next_delay()).await;

@@ -57,6 +57,8 @@ pub enum ProblemKind {
     DatabaseAuth,
     /// A database setting or a file it names is unusable (password file, sslrootcert, sslmode).
     DatabaseSettings,
+    /// Every database server reached is a read-only standby: waiting for a primary.
+    DatabaseReadOnly,
     /// The broker's TLS handshake fails.
     BrokerTls,
     /// The broker refuses the login.
@@ -76,6 +78,7 @@ impl ProblemKind {
             ProblemKind::DatabaseTls => "DatabaseTLS",
             ProblemKind::DatabaseAuth => "DatabaseAuth",
             ProblemKind::DatabaseSettings => "DatabaseSettings",
+            ProblemKind::DatabaseReadOnly => "DatabaseReadOnly",
             ProblemKind::BrokerTls => "BrokerTLS",
             ProblemKind::BrokerAuth => "BrokerAuth",
             ProblemKind::BrokerSettings => "BrokerSettings",
@@ -90,6 +93,7 @@ impl ProblemKind {
             "DatabaseTLS" => ProblemKind::DatabaseTls,
             "DatabaseAuth" => ProblemKind::DatabaseAuth,
             "DatabaseSettings" => ProblemKind::DatabaseSettings,
+            "DatabaseReadOnly" => ProblemKind::DatabaseReadOnly,
             "BrokerTLS" => ProblemKind::BrokerTls,
             "BrokerAuth" => ProblemKind::BrokerAuth,
             "BrokerSettings" => ProblemKind::BrokerSettings,

@@ -127,7 +127,7 @@ async fn a_missing_exchange_is_named_backed_off_and_reported_until_it_is_declare
         Duration::from_secs(20),
         || async {
             let (code, body) = http::get(&addr, "/readyz").await;
-            code == 503 && body.contains(&format!("not ready: {message}\n"))
+            code == 503 && body.contains(&format!("not ready (ExchangeNotFound): {message}\n"))
         },
     )
     .await

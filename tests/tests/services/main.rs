@@ -19,6 +19,7 @@ mod identifiers;
 mod image;
 mod metrics_port;
 mod migration;
+mod multi_host;
 mod per_key_ordering;
 mod pgbouncer;
 mod publish_slots;

@@ -253,7 +253,8 @@ async fn unreachable_database_at_start_is_retried_not_a_crash() {
     assert_eq!(relay.terminate(Duration::from_secs(10)).await, Some(0));
     let log = relay.log_text();
     assert!(
-        log.contains("cannot connect to PostgreSQL at start; retrying")
+        log.contains("cannot connect to PostgreSQL at start: cannot reach PostgreSQL")
+            && log.contains("; retrying")
             && log.contains("reason=\"DatabaseUnreachable\""),
         "{log}"
     );

@@ -93,6 +93,7 @@ async fn batch_of(
         has_attempts_column: true,
         dead_letter_exchange: false,
         publish_slots: None,
+        commit_timeout: outbox_relay::defaults::COMMIT_TIMEOUT,
     };
     run_batch(
         conn,

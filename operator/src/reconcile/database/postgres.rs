@@ -359,6 +359,7 @@ async fn connect(target: &DatabaseTarget) -> Result<PgConnection, Error> {
                 FailureKind::Unreachable | FailureKind::Other => {
                     Error::DatabaseUnreachable(message)
                 }
+                FailureKind::ReadOnly => Error::DatabaseReadOnly(message),
                 FailureKind::Tls | FailureKind::Auth | FailureKind::Settings => {
                     Error::DatabaseRefused {
                         reason: e.kind.code(),

@@ -259,6 +259,34 @@ async fn urls_that_contradict_the_tls_fields_are_refused_naming_the_parameter() 
 }
 
 #[tokio::test]
+async fn a_multi_host_url_is_taken_and_one_choosing_read_only_sessions_is_refused() {
+    let url = format!("postgres://app:{LEAK_CANARY}@db-a:5432,db-b:5433/orders");
+    let found = dereference(
+        &sample_spec(),
+        base_objects(&url, "amqp://app:pw@mq:5672/%2f"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(found.database.url().expose(), url);
+    assert_eq!(
+        found.database.to_string(),
+        "postgres://app:***@db-a:5432,db-b:5433/orders"
+    );
+
+    let url = format!("{url}?target_session_attrs=standby");
+    let err = dereference(
+        &sample_spec(),
+        base_objects(&url, "amqp://app:pw@mq:5672/%2f"),
+    )
+    .await
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("target_session_attrs=standby"), "{text}");
+    assert!(text.contains("orders-db"), "{text}");
+    assert!(!text.contains(LEAK_CANARY), "{text}");
+}
+
+#[tokio::test]
 async fn behind_a_transaction_pool_the_operator_connects_by_the_session_url() {
     let mut spec = sample_spec();
     spec.database.pool_mode = Some(crate::crd::PoolMode::Transaction);
