@@ -53,15 +53,6 @@ pub async fn claim_table(
     outbox: &TableName,
     relay: &str,
 ) -> Result<Claim, sqlx::Error> {
-    // Looked up as the relay's own inspection does (through the search path when unqualified).
-    // A table created or dropped right after the look-up is met by the next reconcile.
-    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(outbox.quoted())
-        .fetch_one(&mut *conn)
-        .await?;
-    if !exists {
-        return Ok(Claim::TableMissing);
-    }
     match try_claim(conn, outbox, relay).await {
         Err(e) if has_sql_state(&e, &[INSUFFICIENT_PRIVILEGE]) => {
             Ok(Claim::NotChecked(e.to_string()))
@@ -75,6 +66,15 @@ async fn try_claim(
     outbox: &TableName,
     relay: &str,
 ) -> Result<Claim, sqlx::Error> {
+    // Looked up as the relay's own inspection does (through the search path when unqualified).
+    // A table created or dropped right after the look-up is met by the next reconcile.
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(outbox.quoted())
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(Claim::TableMissing);
+    }
     let claims = claims_table(outbox).quoted();
     // The table exists after the first claim in a schema: no DDL on the rounds after that.
     let won = match upsert_claim(conn, &claims, outbox, relay).await {
