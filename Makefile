@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: test-servers test-builds docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
+.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
 
 all: build
 
@@ -32,6 +32,9 @@ release:
 
 services:
 	./scripts/services.sh
+
+demo-services:
+	./scripts/services.sh demo
 
 ## docs: build the book (docs/, mkdocs.yml) into .cache/docs/site/.
 docs:
@@ -59,9 +62,10 @@ image-tools:
 	./scripts/image-tools.sh
 
 ## demo: seed 1,000,000 rows into a local table and relay them to RabbitMQ, with live progress.
-## The servers (mostly downloads on a fresh machine) start while the release build compiles.
+## Only the two servers it uses (PostgreSQL and RabbitMQ, from apt on a fresh machine) start,
+## while the release build compiles; `make services` or `make test` start the tests' others.
 demo:
-	@$(MAKE) --no-print-directory -j2 services release
+	@$(MAKE) --no-print-directory -j2 demo-services release
 	RELAY='$(BIN_DIR)/outbox-relay' ./scripts/demo.sh
 
 ## test: everything CI runs: first what the machine lacks (root, cgroups for the node; Go for

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make demo: a 1,000,000-row outbox relayed to RabbitMQ on this machine, with a consumer that
-# counts what arrives. Needs PostgreSQL and RabbitMQ (make services) and a release build.
+# counts what arrives. Needs PostgreSQL and RabbitMQ (scripts/services.sh demo) and a release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

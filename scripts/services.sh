@@ -4,6 +4,8 @@
 # when installed, installs what is missing with apt when we are root (Artemis itself comes from
 # Maven Central into the cache), or says exactly what to run otherwise.
 #   scripts/services.sh               start whatever is not up
+#   scripts/services.sh demo          start (installing, once) only what make demo uses: PostgreSQL
+#                                     on 127.0.0.1:5432 (database test) and RabbitMQ on 5672
 #   scripts/services.sh postgres-majors
 #                                     start (installing, once) only the PostgreSQL servers of the
 #                                     other majors, 13 to 18, on 127.0.0.1:54<major>
@@ -71,14 +73,17 @@ artemis_pid() {
     && echo "$pid"
 }
 
+# install_missing [demo]: with demo, only PostgreSQL and RabbitMQ.
 install_missing() {
   local packages=()
   command -v pg_ctlcluster >/dev/null || packages+=(postgresql postgresql-client)
   command -v rabbitmq-server >/dev/null || [ -x /usr/sbin/rabbitmq-server ] || packages+=(rabbitmq-server)
-  command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
-  command -v curl >/dev/null || packages+=(curl)
-  command -v openssl >/dev/null || packages+=(openssl)
-  command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || packages+=(pgbouncer)
+  if [ "${1:-}" != demo ]; then
+    command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
+    command -v curl >/dev/null || packages+=(curl)
+    command -v openssl >/dev/null || packages+=(openssl)
+    command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || packages+=(pgbouncer)
+  fi
   [ ${#packages[@]} -eq 0 ] && return 0
   if ! as_root true 2>/dev/null; then
     echo "${packages[*]} are missing. Install them with:" >&2
@@ -836,11 +841,11 @@ stop_private_artemis() {
 }
 
 case "${1:-}" in
-  "" | postgres-majors) ;;
+  "" | postgres-majors | demo) ;;
   stop-artemis) stop_artemis; exit 0 ;;
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
-  *) echo "usage: $0 [postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill]]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill]]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two
@@ -859,6 +864,18 @@ if [ "${1:-}" = postgres-majors ]; then
   setup_tls
   start_pg_majors
   echo "services: $pg_majors_summary (TLS and roles as on :5432; listed in $pg_cache/majors) are up"
+  exit 0
+fi
+
+# make demo: the two servers it uses, nothing of the tests' set-up (TLS, roles, the pods'
+# address, the other clusters, PgBouncer, Artemis), which a plain run adds to them later.
+if [ "${1:-}" = demo ]; then
+  { pg_up && rabbit_up; } || install_missing demo
+  start_postgres
+  configure_postgres
+  start_rabbitmq
+  echo "services: PostgreSQL on $PGHOST:5432 (database test) and RabbitMQ on 127.0.0.1:5672 are up," \
+    "all the demo uses (make test starts the rest)"
   exit 0
 fi
 

@@ -50,22 +50,75 @@ WAITING = {
 }
 RELEASE = [CARGO, "test", "--release"]
 THREADS = ["--", "--test-threads=4"]
-# The leftover check after the run against database `postgres`.
-LEFTOVER = (
-    "leftover=$(psql -h 127.0.0.1 -U postgres -d postgres -Atc "
-    "\"select count(*) from pg_namespace where nspname like 's\\_%'\"); "
-    '[ "$leftover" = 0 ] || { echo "the operator\'s database tests left $leftover schemas '
-    'in database postgres" >&2; exit 1; }'
-)
+# The operator's database tests run a second time against this database, which they must leave
+# as they found it (LEFTOVER).
+POSTGRES_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+# What those tests could leave behind, taken before and after their run: schemas (theirs are
+# `s_<uuid>`), tables, indexes and functions anywhere outside the catalogs (`public` included: an
+# unqualified table name puts the claims and report tables there), triggers, and their databases
+# (`horizon_<uuid>`; only theirs, as other databases on the server are not this run's).
+LEFTOVER = """
+SELECT 'schema ' || nspname FROM pg_namespace
+  WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'
+UNION ALL
+SELECT 'relation ' || c.oid::regclass::text || ' (' || c.relkind::text || ')'
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
+UNION ALL
+SELECT 'function ' || p.oid::regprocedure::text
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+  WHERE n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
+UNION ALL
+SELECT 'trigger ' || tgname || ' on ' || tgrelid::regclass::text FROM pg_trigger WHERE NOT tgisinternal
+UNION ALL
+SELECT 'database ' || datname FROM pg_database WHERE datname LIKE 'horizon\\_%'
+"""
+# The relay's own tables a run may find there already (left by an older run, or the user's):
+# their rows are counted too, so a claim or a report row left in them shows.
+RELAY_TABLES = ("outbox_relay_claims", "outbox_relay_reports")
+
+
+class PsqlFailed(Exception):
+    pass
+
+
+def psql(url, sql):
+    done = subprocess.run(["psql", url, "-XAtc", sql], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PsqlFailed(f"psql {url} failed: {done.stderr.strip()}")
+    return done.stdout.splitlines()
+
+
+def database_objects(url):
+    """What the database at `url` holds of what LEFTOVER lists, as lines to compare."""
+    lines = psql(url, LEFTOVER)
+    for line in list(lines):
+        kind, _, rest = line.partition(" ")
+        name = rest.rsplit(" (", 1)[0]
+        if kind == "relation" and name.rsplit(".", 1)[-1] in RELAY_TABLES:
+            rows = psql(url, f"SELECT count(*) FROM {name}")[0]
+            lines.append(f"rows of {name}: {rows}")
+    return set(lines)
 
 
 class Job:
-    def __init__(self, name, argv, env=None, weight=0):
+    def __init__(self, name, argv, env=None, weight=0, unchanged=None):
+        """`unchanged`: a database URL the job must leave as it found it (LEFTOVER)."""
         self.name, self.argv, self.env, self.weight = name, argv, env or {}, weight
+        self.unchanged = unchanged
         self.status, self.seconds, self.output = None, 0.0, ""
 
     def run(self):
         started = time.monotonic()
+        try:
+            self.run_checked()
+        except PsqlFailed as error:
+            self.output += f"\nthe leftover check could not read the database: {error}\n"
+            self.status = self.status or 1
+        self.seconds = time.monotonic() - started
+
+    def run_checked(self):
+        before = database_objects(self.unchanged) if self.unchanged else None
         with tempfile.TemporaryFile(mode="w+") as log:
             process = subprocess.run(
                 self.argv, cwd=ROOT, env={**os.environ, **self.env},
@@ -74,7 +127,16 @@ class Job:
             log.seek(0)
             self.output = log.read()
         self.status = process.returncode
-        self.seconds = time.monotonic() - started
+        if before is not None:
+            after = database_objects(self.unchanged)
+            if after != before:
+                changes = [f"  left: {line}" for line in sorted(after - before)]
+                changes += [f"  gone: {line}" for line in sorted(before - after)]
+                self.output += (
+                    f"\nthe tests did not leave {self.unchanged} as they found it:\n"
+                    + "\n".join(changes) + "\n"
+                )
+                self.status = self.status or 1
 
 
 def workspace_test_targets():
@@ -121,10 +183,12 @@ def plan():
             busy.append(Job(f"{package}: {', '.join(sorted(names))}", RELEASE + ["-p", package] + selection + THREADS))
     # Once more against a database not named `test`: URLs made from DATABASE_URL must be
     # parsed, not edited as text, and the tests must leave that database as they found it.
+    operator_database_tests = ["postgres_database", "postgres_cleanup"]
     busy.append(Job(
-        "postgres_database against database postgres",
-        ["bash", "-c", " ".join(RELEASE + ["--workspace", "--test", "postgres_database"]) + " && " + LEFTOVER],
-        env={"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres"},
+        f"{' + '.join(operator_database_tests)} against database postgres",
+        RELEASE + ["--workspace"]
+        + [arg for name in operator_database_tests for arg in ("--test", name)] + THREADS,
+        env={"DATABASE_URL": POSTGRES_URL}, unchanged=POSTGRES_URL,
     ))
     # The tests that touch PostgreSQL's behaviour, against every other major services.sh runs.
     busy.append(Job("PostgreSQL matrix", ["./scripts/postgres-matrix.sh"]))

@@ -15,7 +15,7 @@ use sqlx::{Connection, PgConnection};
 
 mod common;
 
-use common::{CANARY, OwnSchema, connect, database_url, execute};
+use common::{CANARY, OwnDatabase, OwnSchema, connect, database_url, execute};
 
 /// The local server with [`CANARY`] as the password (trust authentication ignores it).
 /// The operator's connection to `url`, without a password file or TLS material of its own.
@@ -202,16 +202,136 @@ async fn an_unreachable_server_is_database_unreachable_without_the_password() {
     assert!(!text.contains(CANARY), "{text}");
 }
 
-#[tokio::test]
-async fn a_missing_table_names_the_spec_field() {
-    let missing = format!("obr_missing_{}", uuid::Uuid::new_v4().simple());
-    let error = migrate(&missing).await.unwrap_err();
-    assert!(matches!(error, Error::MigrationFailed(_)), "{error:?}");
+fn assert_names_the_missing_table(error: &Error) {
     let text = error.to_string();
     assert!(
         text.contains("spec.database.table") && text.contains("does not exist"),
         "{text}"
     );
+}
+
+/// The claims table `table`'s claim would be in, if there is one, and the claims in it naming
+/// `table`.
+async fn claims_of(table: &str) -> Option<i64> {
+    let claims = match table.rsplit_once('.') {
+        Some((schema, _)) => format!("{schema}.outbox_relay_claims"),
+        None => "outbox_relay_claims".to_string(),
+    };
+    let mut conn = connect().await;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&claims)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    if !exists {
+        return None;
+    }
+    let sql = format!("SELECT count(*) FROM {claims} WHERE outbox_table = $1");
+    let rows = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(plan_for(table).table.name.to_string())
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    Some(rows)
+}
+
+/// A missing table is the first thing said, by the migration and by every lag observation, and
+/// nothing is claimed for it: no claim row, and no claims table where there was none (an
+/// unqualified name would put one in `public` of whatever database the URL names).
+#[tokio::test]
+async fn a_missing_table_names_the_spec_field_and_is_not_claimed() {
+    let schema = OwnSchema::create().await;
+    let unqualified = format!("obr_missing_{}", uuid::Uuid::new_v4().simple());
+    let qualified = format!("{}.{unqualified}", schema.name());
+    for missing in [&unqualified, &qualified] {
+        let error = migrate(missing).await.unwrap_err();
+        assert!(matches!(error, Error::MigrationFailed(_)), "{error:?}");
+        assert_names_the_missing_table(&error);
+        for running in [0, 2] {
+            let error = PostgresDatabase
+                .observe_lag(
+                    &target(url_with_canary()),
+                    &plan_for(missing),
+                    query(running),
+                )
+                .await
+                .unwrap_err();
+            assert!(matches!(error, Error::ObserveLag(_)), "{error:?}");
+            assert_names_the_missing_table(&error);
+        }
+        // On a fresh database there is no claims table at all; where an earlier run left one
+        // on the search path, no row of it names this table.
+        let claims = claims_of(missing).await;
+        assert!(matches!(claims, None | Some(0)), "{missing}: {claims:?}");
+    }
+    assert_eq!(claims_of(&qualified).await, None, "a claims table was made");
+}
+
+/// Next to a claimed table the claims table exists; a missing one still gets no row in it.
+#[tokio::test]
+async fn a_missing_table_beside_a_claimed_one_adds_no_claim_row() {
+    let table = create_outbox_table().await;
+    migrated(migrate(&table).await);
+    assert_eq!(claims_of(&table).await, Some(1));
+    let missing = format!("{}.obr_missing", table.schema.name());
+    assert_names_the_missing_table(&migrate(&missing).await.unwrap_err());
+    assert_eq!(claims_of(&missing).await, Some(0));
+    let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}.outbox_relay_claims",
+        table.schema.name()
+    )))
+    .fetch_one(&mut connect().await)
+    .await
+    .unwrap();
+    assert_eq!(rows, 1);
+}
+
+/// What a test makes is gone when its guards drop: its schema with the migration's index,
+/// report and claims tables in it, and its database, even with a session still in it (the run
+/// against database `postgres` checks that the whole suite leaves nothing behind).
+#[tokio::test]
+async fn a_tests_schema_and_database_take_everything_with_them() {
+    let table = create_outbox_table().await;
+    migrated(migrate(&table).await);
+    PostgresDatabase
+        .observe_lag(&target(url_with_canary()), &plan_for(&table), query(0))
+        .await
+        .unwrap();
+    let schema = table.schema.name().to_string();
+    let database = OwnDatabase::create().await;
+    let database_name = database.name().to_string();
+    let count = |sql: String| async move {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&mut connect().await)
+            .await
+            .unwrap()
+    };
+    let objects_in_schema = format!(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = '{schema}'"
+    );
+    let databases = format!("SELECT count(*) FROM pg_database WHERE datname = '{database_name}'");
+    // Table, its key and index, the report and claims tables (with their keys), and the
+    // toast tables: whatever the number, more than the table alone.
+    assert!(count(objects_in_schema.clone()).await > 2);
+    assert_eq!(count(databases.clone()).await, 1);
+    // A session still open there (a failed test's) does not keep the database.
+    let session = PgConnection::connect(&url_of_database(&database_name))
+        .await
+        .unwrap();
+
+    drop(table);
+    drop(database);
+    drop(session);
+    assert_eq!(count(objects_in_schema).await, 0);
+    assert_eq!(
+        count(format!(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = '{schema}'"
+        ))
+        .await,
+        0
+    );
+    assert_eq!(count(databases).await, 0);
 }
 
 #[tokio::test]
@@ -272,9 +392,9 @@ async fn at_zero_pods_the_backlog_is_counted() {
 /// would be older) hold only their own database's horizon.
 #[tokio::test]
 async fn at_zero_pods_an_open_snapshot_is_the_horizon_with_its_holder() {
-    let database = format!("horizon_{}", uuid::Uuid::new_v4().simple());
-    execute(format!("CREATE DATABASE {database}")).await;
-    let url = url_of_database(&database);
+    let own_database = OwnDatabase::create().await;
+    let database = own_database.name();
+    let url = url_of_database(database);
     let mut holder = PgConnection::connect(&url).await.unwrap();
     let table = "public.outbox";
     execute_on(
@@ -311,7 +431,6 @@ async fn at_zero_pods_an_open_snapshot_is_the_horizon_with_its_holder() {
         .unwrap();
     execute_on(&mut holder, "ROLLBACK".into()).await;
     drop(holder);
-    execute(format!("DROP DATABASE {database} WITH (FORCE)")).await;
 
     let horizon = lag.table_health.and_then(|h| h.horizon).expect("a holder");
     assert_eq!(horizon.pid, Some(pid), "{horizon:?}");

@@ -26,8 +26,9 @@ use crate::reconcile::validate::RelayPlan;
 /// What the database steps of one reconcile can do.
 pub trait RelayDatabase: Send + Sync {
     /// Claims the table for `relay_name` (`namespace/name`), then applies the outbox migration
-    /// of `plan` (idempotent: a valid index is left alone). A table another relay holds is not
-    /// migrated: its settings (index shape, NOTIFY trigger) are that relay's.
+    /// of `plan` (idempotent: a valid index is left alone). A missing table fails first, with
+    /// nothing claimed. A table another relay holds is not migrated: its settings (index shape,
+    /// NOTIFY trigger) are that relay's.
     fn migrate<'a>(
         &'a self,
         database: &'a DatabaseTarget,

@@ -2,6 +2,9 @@
 //! and a schema of a test's own that is dropped with everything in it when the test ends, so
 //! the database `DATABASE_URL` names is left as it was found, even when the test fails.
 
+// Each test binary compiles this module on its own and uses a part of it.
+#![allow(dead_code)]
+
 use sqlx::{Connection, PgConnection};
 
 /// A password no configuration contains, so finding it in a message is a leak.
@@ -43,18 +46,49 @@ impl OwnSchema {
 
 impl Drop for OwnSchema {
     fn drop(&mut self) {
-        // Drop runs inside the test's runtime, which cannot block on itself: a thread of its own.
-        let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0);
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(execute(sql));
-        })
-        .join();
-        if dropped.is_err() && !std::thread::panicking() {
-            panic!("could not drop the test's schema {}", self.0);
-        }
+        drop_now(
+            format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0),
+            "schema",
+            &self.0,
+        );
+    }
+}
+
+/// A database named `horizon_<uuid>` (the name the run against database `postgres` looks for
+/// among leftovers), created empty and dropped on drop, even when its sessions are still open.
+pub struct OwnDatabase(String);
+
+impl OwnDatabase {
+    pub async fn create() -> OwnDatabase {
+        let name = format!("horizon_{}", uuid::Uuid::new_v4().simple());
+        execute(format!("CREATE DATABASE {name}")).await;
+        OwnDatabase(name)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Drop for OwnDatabase {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.0);
+        drop_now(sql, "database", &self.0);
+    }
+}
+
+/// Runs `sql` on a connection of its own, from a guard's `drop`.
+fn drop_now(sql: String, what: &str, name: &str) {
+    // Drop runs inside the test's runtime, which cannot block on itself: a thread of its own.
+    let dropped = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(execute(sql));
+    })
+    .join();
+    if dropped.is_err() && !std::thread::panicking() {
+        panic!("could not drop the test's {what} {name}");
     }
 }

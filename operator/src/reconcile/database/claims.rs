@@ -6,6 +6,10 @@
 //! renewed for [`CLAIM_EXPIRES_AFTER`] (its OutboxRelay deleted, its operator gone) is taken
 //! by the next relay that asks. Deleting an OutboxRelay releases its claim at once
 //! ([`release_claim`]).
+//!
+//! Only a table that exists is claimed: an OutboxRelay naming a missing table (a typo, a table
+//! not created yet) would otherwise leave a claim, and the claims table itself, in the schema
+//! its name points at, for a table nobody has.
 
 use std::time::Duration;
 
@@ -22,6 +26,8 @@ pub const CLAIM_EXPIRES_AFTER: Duration = Duration::from_secs(15 * 60);
 pub enum Claim {
     /// The asking relay: it was free, expired, or already its own (now renewed).
     Held,
+    /// The table does not exist: nothing was claimed, nor the claims table created.
+    TableMissing,
     /// Another relay, `namespace/name`, renewed `renewed_seconds_ago`.
     HeldBy {
         relay: String,
@@ -40,7 +46,8 @@ fn claims_table(outbox: &TableName) -> TableName {
     }
 }
 
-/// Claims `outbox` for `relay` (`namespace/name`), or says who has it.
+/// Claims `outbox` for `relay` (`namespace/name`), or says who has it, or that it does not
+/// exist.
 pub async fn claim_table(
     conn: &mut PgConnection,
     outbox: &TableName,
@@ -59,6 +66,15 @@ async fn try_claim(
     outbox: &TableName,
     relay: &str,
 ) -> Result<Claim, sqlx::Error> {
+    // Looked up as the relay's own inspection does (through the search path when unqualified).
+    // A table created or dropped right after the look-up is met by the next reconcile.
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(outbox.quoted())
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(Claim::TableMissing);
+    }
     let claims = claims_table(outbox).quoted();
     // The table exists after the first claim in a schema: no DDL on the rounds after that.
     let won = match upsert_claim(conn, &claims, outbox, relay).await {

@@ -176,7 +176,8 @@ async fn migrate_table(
 }
 
 /// Takes or renews `relay_name`'s claim on the plan's table: `TableClaimed` when another relay
-/// holds it. A database that cannot record claims (no right to create the claims table) is
+/// holds it; a missing table is `failed` with the migration's own words for it, before anything
+/// is claimed. A database that cannot record claims (no right to create the claims table) is
 /// logged and let through, as before claims existed; any other failure becomes `failed`.
 async fn hold_claim(
     conn: &mut PgConnection,
@@ -187,6 +188,11 @@ async fn hold_claim(
 ) -> Result<(), Error> {
     match claim_table(conn, &plan.table.name, relay_name).await {
         Ok(Claim::Held) => Ok(()),
+        Ok(Claim::TableMissing) => {
+            let missing =
+                MigrateError::Table(InspectError::TableMissing(plan.table.name.to_string()));
+            Err(failed(redact(&describe_for_spec(&missing), database_url)))
+        }
         Ok(Claim::NotChecked(why)) => {
             tracing::warn!(
                 relay = %relay_name,
