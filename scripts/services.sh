@@ -880,7 +880,18 @@ rc_start_node() {
   echo "RabbitMQ node rt$n runs but does not listen on 127.0.0.1:$(rc_port "$n")" >&2; exit 1
 }
 
-rc_stop_node() { rc_node_up "$1" || [ -f "$rabbit_cluster_dir/rt$1/pid" ] || return 0; rc_ctl "$1" stop >/dev/null 2>&1 || true; rm -f "$rabbit_cluster_dir/rt$1/pid"; }
+# Returns once the node's VM is gone: `rabbitmqctl stop` answers while the VM still shuts down,
+# and its quorum queue members keep voting until then.
+rc_stop_node() {
+  local pid
+  rc_node_up "$1" || [ -f "$rabbit_cluster_dir/rt$1/pid" ] || return 0
+  pid=$(cat "$rabbit_cluster_dir/rt$1/pid" 2>/dev/null) || pid=""
+  rc_ctl "$1" stop >/dev/null 2>&1 || true
+  if [ -n "$pid" ]; then
+    for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  fi
+  rm -f "$rabbit_cluster_dir/rt$1/pid"
+}
 
 rc_kill_node() {
   local pid
