@@ -483,6 +483,11 @@ async fn a_full_reject_publish_queue_nacks_without_spending_attempts() {
     assert!(nacks.is_some_and(|n| n > 0.0), "no nack seen:\n{text}");
     let pauses = metrics::value(&text, "outbox_relay_broker_nack_pauses_total");
     assert!(pauses.is_some_and(|n| n > 0.0), "{text}");
+    eprintln!(
+        "reject-publish: {} nacks, {} pauses",
+        nacks.unwrap_or_default(),
+        pauses.unwrap_or_default()
+    );
     // Said once per spell of nacks, not once per batch.
     let said = relay.log_text().matches("the broker nacked").count();
     assert!(
@@ -519,6 +524,37 @@ async fn a_broker_list_with_a_closed_first_node_relays() {
     assert!(
         log.contains("connected to broker node 2/2 127.0.0.1:5672"),
         "{log}"
+    );
+    consumer.close().await;
+
+    // AMQPS: the same list over TLS, every element checked against the one --broker-ca-file.
+    let name = unique("nodelisttls");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 1_000).await;
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let urls = "amqps://guest:guest@127.0.0.1:1/%2f,amqps://guest:guest@127.0.0.1:5671/%2f";
+    let ca = outbox_tests::tls::file("ca.pem");
+    let mut relay = process::spawn_relay(
+        &name,
+        &process::run_args(
+            &name,
+            &name,
+            &["--broker-url", urls, "--broker-ca-file", &ca],
+        ),
+    );
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(60)).await,
+        "{}",
+        relay.log_text()
+    );
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    consumer.assert_each_id_once(&mut conn, &table, 1_000).await;
+    assert!(
+        relay
+            .log_text()
+            .contains("connected to broker node 2/2 127.0.0.1:5671"),
+        "{}",
+        relay.log_text()
     );
     consumer.close().await;
 
