@@ -29,6 +29,8 @@ pub struct Received {
     pub sizes: HashMap<Uuid, usize>,
     /// Every id in the order the queue delivered it, repeats included.
     pub arrivals: Vec<Uuid>,
+    /// When each of `arrivals` came, for the longest gap in delivery.
+    pub arrived_at: Vec<std::time::Instant>,
 }
 
 pub struct Consumer {
@@ -49,6 +51,10 @@ pub async fn declare_queue(name: &str) {
 }
 
 async fn durable_queue(channel: &lapin::Channel, name: &str) {
+    durable_queue_with(channel, name, FieldTable::default()).await;
+}
+
+async fn durable_queue_with(channel: &lapin::Channel, name: &str, arguments: FieldTable) {
     channel
         .queue_declare(
             name.into(),
@@ -56,7 +62,7 @@ async fn durable_queue(channel: &lapin::Channel, name: &str) {
                 durable: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            arguments,
         )
         .await
         .unwrap();
@@ -65,9 +71,28 @@ async fn durable_queue(channel: &lapin::Channel, name: &str) {
 /// Declares a durable exchange of `kind` and a queue bound to it with `binding_key`, then
 /// consumes it, recording ids.
 pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> Consumer {
-    let connection = Connection::connect(&crate::amqp_url(), ConnectionProperties::default())
+    consume_at(
+        &crate::amqp_url(),
+        exchange,
+        kind,
+        binding_key,
+        FieldTable::default(),
+    )
+    .await
+}
+
+/// [`consume`] on the broker at `url`, the queue declared with `queue_arguments` (e.g.
+/// `x-queue-type: quorum` on a cluster).
+pub async fn consume_at(
+    url: &str,
+    exchange: &str,
+    kind: ExchangeKind,
+    binding_key: &str,
+    queue_arguments: FieldTable,
+) -> Consumer {
+    let connection = Connection::connect(url, ConnectionProperties::default())
         .await
-        .expect("RabbitMQ must run on 127.0.0.1:5672 (make services)");
+        .unwrap_or_else(|e| panic!("connect the consumer to the broker: {e}"));
     let channel = connection.create_channel().await.unwrap();
     channel
         .exchange_declare(
@@ -82,7 +107,7 @@ pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> C
         .await
         .unwrap();
     let queue = format!("{exchange}_q");
-    durable_queue(&channel, &queue).await;
+    durable_queue_with(&channel, &queue, queue_arguments).await;
     channel
         .queue_bind(
             queue.as_str().into(),
@@ -124,6 +149,7 @@ pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> C
                 Some(id) => {
                     *seen.counts.entry(id).or_default() += 1;
                     seen.arrivals.push(id);
+                    seen.arrived_at.push(std::time::Instant::now());
                     seen.sizes.insert(id, delivery.data.len());
                     if let Some(kind) = delivery.properties.kind() {
                         seen.types.insert(id, kind.to_string());
@@ -173,6 +199,16 @@ impl Consumer {
     /// Every id in arrival order, repeats included.
     pub fn arrivals(&self) -> Vec<Uuid> {
         self.received.lock().unwrap().arrivals.clone()
+    }
+
+    /// The longest time between two arrivals.
+    pub fn longest_gap(&self) -> Duration {
+        let seen = self.received.lock().unwrap();
+        seen.arrived_at
+            .windows(2)
+            .map(|pair| pair[1].duration_since(pair[0]))
+            .max()
+            .unwrap_or_default()
     }
 
     pub fn has(&self, id: &Uuid) -> bool {

@@ -277,7 +277,10 @@ impl Default for ColumnsSpec {
 pub struct BrokerSpec {
     /// Secret key holding the broker URL (amqp://user:password@host:5672/%2f). Never give the
     /// URL by value. With protocol amqp10: amqp://user:password@host:5672 (SASL PLAIN; for
-    /// Azure Service Bus the shared-access policy name and its key).
+    /// Azure Service Bus the shared-access policy name and its key). For a cluster, or an AMQP
+    /// 1.0 live/backup pair, a comma-separated list of full URLs, one per node
+    /// (amqp://u:p@rabbit-0:5672/%2f,amqp://u:p@rabbit-1:5672/%2f): the relay connects to one
+    /// and moves to the next when it is lost or refuses.
     pub url_secret_ref: SecretKeyRef,
     /// A Secret key holding the broker password, mounted as a file read at every connect; it
     /// wins over a password in the URL.

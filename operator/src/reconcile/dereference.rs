@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
+use outbox_relay::broker::urls::BrokerUrls;
 use outbox_relay::database::{DatabaseTarget, Pem, TlsMaterial};
 use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use sqlx::postgres::PgSslMode;
@@ -27,7 +28,8 @@ const URL_TLS_PARAMETERS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "ssl
 pub struct RelaySecrets {
     /// The URL, with the password and TLS material of the spec in memory.
     pub database: DatabaseTarget,
-    pub amqp_url: SecretUrl,
+    /// One broker URL, or the comma-separated full URLs of a broker's nodes (issue 44).
+    pub broker_urls: BrokerUrls,
     /// resourceVersion of every referenced object whose change the pods cannot pick up by
     /// themselves (`name` for a Secret, `configmap/name` for a ConfigMap). It goes into the pod
     /// template so a change rolls the pods (env values are read at container start), and into
@@ -139,7 +141,7 @@ pub async fn dereference_secrets(
     }
 
     let database_url = url_from(&fetched, &spec.database.url_secret_ref, UrlKind::Postgres)?;
-    let amqp_url = url_from(&fetched, &spec.broker.url_secret_ref, UrlKind::Amqp)?;
+    let broker_urls = broker_urls_from(&fetched, &spec.broker.url_secret_ref)?;
     // The operator's migration and measurements take session advisory locks: behind a
     // transaction pool they go to the session URL (validation requires it there).
     let session_url = match &spec.database.session_url_secret_ref {
@@ -177,14 +179,14 @@ pub async fn dereference_secrets(
         database = database.with_tls(database_tls(&fetched, tls)?);
     }
     if let Some(tls) = &spec.broker.tls {
-        check_broker_tls(&fetched, tls, &amqp_url, &spec.broker.url_secret_ref)?;
+        check_broker_tls(&fetched, tls, &broker_urls, &spec.broker.url_secret_ref)?;
     }
     if let Some(reference) = &spec.broker.password_secret_ref {
         text_of(&fetched, &reference.name, &reference.key)?;
     }
     Ok(RelaySecrets {
         database,
-        amqp_url,
+        broker_urls,
         versions: versions_that_roll(&fetched, spec),
     })
 }
@@ -275,16 +277,26 @@ fn refuse_url_tls_parameters(url: &SecretUrl, reference: &SecretKeyRef) -> Resul
 fn check_broker_tls(
     fetched: &Fetched,
     tls: &BrokerTlsSpec,
-    url: &SecretUrl,
+    urls: &BrokerUrls,
     reference: &SecretKeyRef,
 ) -> Result<(), Error> {
-    if !url.expose().starts_with("amqps://") {
-        return Err(invalid(
-            &reference.name,
-            &reference.key,
-            "is not an amqps:// URL, so spec.broker.tls would not be used: connect with \
-             amqps:// (RabbitMQ's TLS port is 5671), or remove spec.broker.tls",
-        ));
+    let count = urls.len();
+    for (index, url) in urls.iter().enumerate() {
+        if url.scheme() != "amqps" {
+            let which = if count > 1 {
+                format!("element {} of {count} ", index + 1)
+            } else {
+                String::new()
+            };
+            return Err(invalid(
+                &reference.name,
+                &reference.key,
+                &format!(
+                    "{which}is not an amqps:// URL, so spec.broker.tls would not be used: connect \
+                     with amqps:// (RabbitMQ's TLS port is 5671), or remove spec.broker.tls"
+                ),
+            ));
+        }
     }
     if let Some(ca) = &tls.ca {
         ca_pem(fetched, ca)?;
@@ -413,6 +425,13 @@ fn url_from(
             .map_err(|e| invalid(&reference.name, &reference.key, &e))?;
     }
     Ok(url)
+}
+
+/// The broker's URL or list of node URLs in the Secret key `reference`; an error names the
+/// element by its position, never its text.
+fn broker_urls_from(fetched: &Fetched, reference: &SecretKeyRef) -> Result<BrokerUrls, Error> {
+    let text = text_of(fetched, &reference.name, &reference.key)?;
+    BrokerUrls::parse(&text).map_err(|e| invalid(&reference.name, &reference.key, &e.to_string()))
 }
 
 #[cfg(test)]

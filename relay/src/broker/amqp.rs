@@ -280,7 +280,7 @@ impl Publisher for AmqpPublisher {
                 Settled::Done(done) => *done,
             };
             deliveries.push(match done {
-                Ok(Confirmation::Nack(_)) => Delivery::Rejected(Rejection::Nack),
+                Ok(Confirmation::Nack(_)) => Delivery::Unknown(Unconfirmed::Nacked),
                 Ok(Confirmation::Ack(_) | Confirmation::NotRequested) => {
                     let came_back = (!returned.is_empty())
                         .then(|| returned.get(&message.id.to_string()))

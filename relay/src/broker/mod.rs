@@ -7,8 +7,10 @@
 pub mod amqp;
 pub mod amqp10;
 pub mod headers;
+pub mod nodes;
 pub mod routing;
 pub mod tls;
+pub mod urls;
 
 use std::error::Error;
 use std::fmt::Display;
@@ -71,12 +73,12 @@ pub enum Target {
     DeadLetter,
 }
 
-/// Why the broker refused a message: the message spends an attempt. The text is what the row's
-/// error column records.
+/// Why the broker refused the message itself: the message spends an attempt. The text is what
+/// the row's error column records. A `basic.nack` is not one: it says the broker cannot take
+/// messages now (a quorum queue without a majority, a full queue with `x-overflow:
+/// reject-publish`), whatever the message, so it is [`Unconfirmed::Nacked`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
-    #[error("negatively acknowledged (basic.nack) by the broker")]
-    Nack,
     /// Returned by the broker (a mandatory publish nothing was bound for), with its reply.
     #[error("returned by the broker as unroutable: {reply}")]
     Unroutable { reply: String },
@@ -98,6 +100,10 @@ pub enum Unconfirmed {
     /// example a full queue) and said it may be sent again.
     #[error("released by the broker without being taken")]
     Released,
+    /// A `basic.nack`: the broker's state (no quorum, a full queue that rejects publishes), not
+    /// the message's fault. The row stays pending, no attempt is spent, the worker pauses.
+    #[error("negatively acknowledged (basic.nack) by the broker")]
+    Nacked,
 }
 
 /// What became of one published message.

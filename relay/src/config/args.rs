@@ -166,6 +166,8 @@ pub struct RunArgs {
     pub broker_protocol: Option<BrokerProtocol>,
     /// Broker URL, e.g. amqp://user:password@host:5672/%2f (amqp091) or
     /// amqp://user:password@host:5672 (amqp10; the user and password go through SASL PLAIN).
+    /// Several nodes (a cluster, a live/backup pair): a comma-separated list of full URLs; the
+    /// relay connects to one and moves to the next when it is lost or refuses.
     #[arg(long, env = "BROKER_URL", hide_env_values = true)]
     pub broker_url: Option<String>,
     /// The AMQP 0-9-1 spelling of --broker-url.

@@ -18,6 +18,7 @@ pub use parse::{ConfigError, LogFormat, one_of, positive_duration};
 use crate::broker::BrokerProtocol;
 use crate::broker::routing::{ExchangeType, RoutingKey};
 use crate::broker::tls::BrokerTls;
+use crate::broker::urls::BrokerUrls;
 use crate::database::{DatabaseTarget, PoolMode};
 use crate::defaults::{self, AMQP_SHORT_STRING_MAX};
 use crate::secret_url::{SecretUrl, UrlKind};
@@ -78,7 +79,8 @@ impl TableConfig {
 pub struct RelayConfig {
     pub db: TableConfig,
     pub broker_protocol: BrokerProtocol,
-    pub broker_url: SecretUrl,
+    /// One broker URL, or several nodes of one broker (a cluster, a live/backup pair).
+    pub broker_urls: BrokerUrls,
     pub broker_tls: BrokerTls,
     pub broker_password_file: Option<std::path::PathBuf>,
     /// The AMQP 1.0 target address; `None` under AMQP 0-9-1.
@@ -176,19 +178,23 @@ fn url(
 }
 
 /// `--broker-url`, else its AMQP 0-9-1 spelling `--amqp-url`: the newer name wins, so a
-/// machine-wide `AMQP_URL` does not stand in the way of one relay's `--broker-url`. An error
-/// names the option the URL came from.
-fn broker_url(args: &RunArgs, file: &FileConfig) -> Result<SecretUrl, ConfigError> {
+/// machine-wide `AMQP_URL` does not stand in the way of one relay's `--broker-url`. Either holds
+/// one URL or a comma-separated list of full URLs ([`BrokerUrls`]). An error names the option
+/// the URL came from, and the element of a list by its position.
+fn broker_urls(args: &RunArgs, file: &FileConfig) -> Result<BrokerUrls, ConfigError> {
     let broker = layer(&args.broker_url, &file.broker_url);
     let amqp = layer(&args.amqp_url, &file.amqp_url);
-    match (broker, amqp) {
-        (Some(broker), _) => url("broker-url", Some(broker), "BROKER_URL", UrlKind::Amqp),
-        (None, Some(amqp)) => url("amqp-url", Some(amqp), "AMQP_URL", UrlKind::Amqp),
-        (None, None) => Err(ConfigError::new(
-            "broker-url",
-            "is missing; pass --broker-url (or --amqp-url) or set BROKER_URL (or AMQP_URL)",
-        )),
-    }
+    let (field, text) = match (broker, amqp) {
+        (Some(broker), _) => ("broker-url", broker),
+        (None, Some(amqp)) => ("amqp-url", amqp),
+        (None, None) => {
+            return Err(ConfigError::new(
+                "broker-url",
+                "is missing; pass --broker-url (or --amqp-url) or set BROKER_URL (or AMQP_URL)",
+            ));
+        }
+    };
+    BrokerUrls::parse(&text).map_err(|e| ConfigError::new(field, e.to_string()))
 }
 
 /// Under AMQP 0-9-1 there is no address: the exchange says where messages go.
@@ -398,7 +404,7 @@ fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, Co
     db.require_writes()?;
 
     let broker_protocol = layer(&args.broker_protocol, &file.broker_protocol).unwrap_or_default();
-    let broker_url = broker_url(args, file)?;
+    let broker_urls = broker_urls(args, file)?;
     let broker_tls = BrokerTls::new(
         layer(&args.broker_ca_file, &file.broker_ca_file),
         layer(&args.broker_client_cert, &file.broker_client_cert),
@@ -479,7 +485,7 @@ fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, Co
     Ok(RelayConfig {
         db,
         broker_protocol,
-        broker_url,
+        broker_urls,
         broker_tls,
         broker_password_file: layer(&args.broker_password_file, &file.broker_password_file),
         address,
@@ -716,13 +722,31 @@ mod tests {
             broker_url: Some("amqp://other:pw@elsewhere:5672/%2f".into()),
             ..run_args()
         };
-        let chosen = resolve_run(&differ).unwrap().broker_url;
-        assert_eq!(chosen.redacted(), "amqp://other:***@elsewhere:5672/%2f");
+        let chosen = resolve_run(&differ).unwrap().broker_urls;
+        assert_eq!(chosen.to_string(), "amqp://other:***@elsewhere:5672/%2f");
         let bad_new = RunArgs {
             broker_url: Some("http://x".into()),
             ..run_args()
         };
         assert_eq!(resolve_run(&bad_new).unwrap_err().field, "broker-url");
+        // Issue 44: a list of nodes; a bad element is named by its position, without its text.
+        let list = RunArgs {
+            broker_url: Some("amqp://u:pw1@h1:5672/%2f,amqp://u:pw2@h2:5673/%2f".into()),
+            ..run_args()
+        };
+        assert_eq!(resolve_run(&list).unwrap().broker_urls.len(), 2);
+        let bad_element = RunArgs {
+            amqp_url: Some("amqp://u:pw1@h1:5672/%2f,amqps://u:pw2@/x".into()),
+            ..run_args()
+        };
+        let err = resolve_run(&bad_element).unwrap_err();
+        assert_eq!(err.field, "amqp-url");
+        assert!(
+            err.to_string()
+                .starts_with("invalid --amqp-url: element 2 of 2 is not a URL"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("pw1") && !err.to_string().contains("pw2"));
         let neither = RunArgs {
             amqp_url: None,
             ..run_args()

@@ -2,10 +2,12 @@
 //! one) so tests can run several relays side by side.
 
 mod blocked_keys;
+mod broker;
 mod registry;
 mod table_health;
 
 pub use blocked_keys::{BlockedKeys, KeyEvent};
+pub use broker::BrokerMetrics;
 pub use registry::registered;
 pub use table_health::TableHealthMetrics;
 
@@ -42,7 +44,7 @@ impl Stage {
 /// Why a message was not confirmed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureReason {
-    /// The broker answered basic.nack.
+    /// The broker answered basic.nack: the row stays pending, no attempt spent.
     Nack,
     /// The broker returned the message as unroutable (mandatory publish).
     Unroutable,
@@ -100,6 +102,8 @@ pub struct Metrics {
     pub table: TableHealthMetrics,
     /// Under per-key ordering: the keys this process's workers hold back.
     pub blocked_keys: BlockedKeys,
+    /// Broker nodes and nack pauses.
+    pub broker: BrokerMetrics,
 }
 
 impl Metrics {
@@ -236,6 +240,7 @@ impl Metrics {
             ),
             table: TableHealthMetrics::new(r),
             blocked_keys: BlockedKeys::new(r),
+            broker: BrokerMetrics::new(r),
             registry,
         }
     }
@@ -264,6 +269,7 @@ impl Metrics {
             .horizon_holder
             .with_label_values(&["", "", ""]);
         metrics.table.autovacuum_enabled.with_label_values(&[""]);
+        metrics.broker.node_connections.with_label_values(&[""]);
         metrics.registry.gather()
     }
 

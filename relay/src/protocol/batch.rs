@@ -51,6 +51,9 @@ pub struct BatchReport {
     pub retried: usize,
     pub dead_lettered: usize,
     pub untouched: usize,
+    /// Of the untouched rows, those the broker nacked: its state, not the messages' fault, so
+    /// they spend no attempt and the worker pauses before trying again.
+    pub nacked: usize,
     /// Set when the broker connection must be replaced before the next batch.
     pub broker_broken: Option<BrokerFailure>,
     /// The claim position (occurred-at) of the batch's first row, where nothing before it was
@@ -143,7 +146,9 @@ async fn commit(
     }
 }
 
-/// Decides a row's fate after a broker refusal: retry while attempts remain.
+/// Decides a row's fate after the broker refused the message itself (unroutable, an AMQP 1.0
+/// `rejected`): retry while attempts remain. A nack never comes here (see
+/// [`Unconfirmed::Nacked`]).
 fn after_rejection(row: &ClaimedRow, rejection: Rejection, settings: &BatchSettings) -> RowOutcome {
     let attempts_after = row.attempts.saturating_add(1);
     if settings.has_attempts_column && attempts_after < settings.max_attempts {
@@ -160,10 +165,33 @@ fn after_rejection(row: &ClaimedRow, rejection: Rejection, settings: &BatchSetti
     }
 }
 
+/// What a row's delivery makes of it. None: held back behind an earlier row of its key that
+/// was not confirmed; it was never sent, and waits for the next claim, behind that row.
+fn row_outcome(
+    row: &ClaimedRow,
+    delivery: Option<Delivery>,
+    settings: &BatchSettings,
+    metrics: &Metrics,
+) -> RowOutcome {
+    match delivery {
+        Some(Delivery::Confirmed) => RowOutcome::Published,
+        Some(Delivery::Rejected(rejection)) => {
+            metrics.failure(rejection_reason(&rejection));
+            after_rejection(row, rejection, settings)
+        }
+        // Nothing known about the message, or the broker nacked it (its state, not the
+        // message's fault): pending again at commit, attempts unchanged.
+        Some(Delivery::Unknown(unconfirmed)) => {
+            metrics.failure(unconfirmed_reason(unconfirmed));
+            RowOutcome::Untouched
+        }
+        None => RowOutcome::Untouched,
+    }
+}
+
 /// The metric label of a broker refusal.
 fn rejection_reason(rejection: &Rejection) -> FailureReason {
     match rejection {
-        Rejection::Nack => FailureReason::Nack,
         Rejection::Unroutable { .. } => FailureReason::Unroutable,
         Rejection::Refused { .. } => FailureReason::Rejected,
     }
@@ -175,6 +203,7 @@ fn unconfirmed_reason(unconfirmed: Unconfirmed) -> FailureReason {
         Unconfirmed::BrokerUnavailable => FailureReason::BrokerUnavailable,
         Unconfirmed::Timeout => FailureReason::Timeout,
         Unconfirmed::Released => FailureReason::Released,
+        Unconfirmed::Nacked => FailureReason::Nack,
     }
 }
 
@@ -256,6 +285,7 @@ pub async fn run_batch<P: Publisher>(
     };
 
     let mut outcomes = Vec::with_capacity(rows.len());
+    let mut nacked = 0;
     let mut delivered = delivered.into_iter();
     for (row, prepared) in rows.iter().zip(&prepared) {
         let outcome = match prepared {
@@ -263,20 +293,11 @@ pub async fn run_batch<P: Publisher>(
                 metrics.failure(FailureReason::Malformed);
                 RowOutcome::DeadLettered(RowError::Malformed(malformed.clone()))
             }
-            Ok(_) => match delivered.next().expect("one delivery per message") {
-                Some(Delivery::Confirmed) => RowOutcome::Published,
-                Some(Delivery::Rejected(rejection)) => {
-                    metrics.failure(rejection_reason(&rejection));
-                    after_rejection(row, rejection, settings)
-                }
-                Some(Delivery::Unknown(unconfirmed)) => {
-                    metrics.failure(unconfirmed_reason(unconfirmed));
-                    RowOutcome::Untouched
-                }
-                // Held back behind an earlier row of its key that was not confirmed: it was
-                // never sent, and waits for the next claim, behind that row.
-                None => RowOutcome::Untouched,
-            },
+            Ok(_) => {
+                let delivery = delivered.next().expect("one delivery per message");
+                nacked += usize::from(delivery == Some(Delivery::Unknown(Unconfirmed::Nacked)));
+                row_outcome(row, delivery, settings, metrics)
+            }
         };
         outcomes.push(outcome);
     }
@@ -318,6 +339,7 @@ pub async fn run_batch<P: Publisher>(
         retried,
         dead_lettered,
         untouched,
+        nacked,
         broker_broken: broken,
         first_claimed: rows.first().and_then(|row| row.occurred_at),
         last_claimed: rows.last().and_then(|row| row.occurred_at),
@@ -498,6 +520,55 @@ mod tests {
         assert!(waves(&[]).is_empty());
     }
 
+    fn settings() -> BatchSettings {
+        BatchSettings {
+            batch_size: 10,
+            routing_key: RoutingKey::Type,
+            max_attempts: 1,
+            has_attempts_column: true,
+            dead_letter_exchange: true,
+            publish_slots: None,
+        }
+    }
+
+    /// Issue 44: a nack is the broker's state. Even at the last attempt it neither retries
+    /// (which would spend an attempt) nor dead-letters: the row is left as it was.
+    #[test]
+    fn a_nack_leaves_the_row_untouched_even_at_its_last_attempt() {
+        let metrics = Metrics::new();
+        let last = ClaimedRow {
+            attempts: 4,
+            ..row()
+        };
+        for row in [row(), last] {
+            let outcome = row_outcome(
+                &row,
+                Some(Delivery::Unknown(Unconfirmed::Nacked)),
+                &settings(),
+                &metrics,
+            );
+            assert_eq!(outcome, RowOutcome::Untouched);
+        }
+        assert!(
+            metrics
+                .render()
+                .contains("outbox_relay_publish_failures_total{reason=\"nack\"} 2")
+        );
+        // A refusal of the message itself still spends its attempt.
+        let refused = row_outcome(
+            &row(),
+            Some(Delivery::Rejected(Rejection::Refused {
+                error: "amqp:not-allowed".into(),
+            })),
+            &settings(),
+            &metrics,
+        );
+        assert!(
+            matches!(refused, RowOutcome::DeadLettered(_)),
+            "{refused:?}"
+        );
+    }
+
     #[test]
     fn rejections_retry_until_max_attempts() {
         let settings = BatchSettings {
@@ -509,7 +580,10 @@ mod tests {
             publish_slots: None,
             commit_timeout: crate::defaults::COMMIT_TIMEOUT,
         };
-        let first = after_rejection(&row(), Rejection::Nack, &settings);
+        let unroutable = || Rejection::Unroutable {
+            reply: "312 NO_ROUTE".into(),
+        };
+        let first = after_rejection(&row(), unroutable(), &settings);
         assert!(
             matches!(first, RowOutcome::Retry(ref e) if e.to_string().starts_with("attempt 1/3"))
         );
@@ -518,7 +592,7 @@ mod tests {
                 attempts: 2,
                 ..row()
             },
-            Rejection::Nack,
+            unroutable(),
             &settings,
         );
         assert!(matches!(last, RowOutcome::DeadLettered(_)));
@@ -527,7 +601,7 @@ mod tests {
             ..settings
         };
         assert!(matches!(
-            after_rejection(&row(), Rejection::Nack, &no_column),
+            after_rejection(&row(), unroutable(), &no_column),
             RowOutcome::DeadLettered(_)
         ));
     }

@@ -214,11 +214,15 @@ mod tests {
         let refused = RowError::Retrying {
             attempt: 1,
             max_attempts: 5,
-            rejection: Rejection::Nack,
+            rejection: Rejection::Unroutable {
+                reply: "312 NO_ROUTE".into(),
+            },
         };
         let gave_up = RowError::GaveUp {
             attempts: 5,
-            rejection: Rejection::Nack,
+            rejection: Rejection::Unroutable {
+                reply: "312 NO_ROUTE".into(),
+            },
         };
         let outcomes = vec![
             RowOutcome::Published,

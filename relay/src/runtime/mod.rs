@@ -7,6 +7,7 @@ pub mod health;
 pub mod http;
 pub mod lanes;
 pub mod listener;
+pub mod nacks;
 pub mod reporter;
 pub mod run;
 pub mod worker;

@@ -11,6 +11,7 @@ use tracing::{Instrument, error, info, instrument, warn};
 
 use crate::broker::amqp::{AmqpConnector, AmqpSettings};
 use crate::broker::amqp10::{Amqp10Connector, Amqp10Settings};
+use crate::broker::nodes::NodeList;
 use crate::broker::{BrokerProtocol, Connector};
 use crate::config::RelayConfig;
 use crate::database::{
@@ -223,35 +224,45 @@ pub async fn run(
     let mut workers = tokio::task::JoinSet::new();
     match config.broker_protocol {
         BrokerProtocol::Amqp091 => {
-            let connector = AmqpConnector {
-                url: config.broker_url.clone(),
-                settings: AmqpSettings {
-                    exchange: config.exchange.clone(),
-                    dead_letter_exchange: config.dead_letter_exchange.clone(),
-                    confirms: config.publisher_confirms,
-                    mandatory: config.mandatory,
-                    timeout: config.publish_timeout,
-                    content_type,
-                    declare_exchange: config.declare_exchange,
-                    connection_name,
-                    tls: config.broker_tls.clone(),
-                    password_file: config.broker_password_file.clone(),
-                },
+            let settings = AmqpSettings {
+                exchange: config.exchange.clone(),
+                dead_letter_exchange: config.dead_letter_exchange.clone(),
+                confirms: config.publisher_confirms,
+                mandatory: config.mandatory,
+                timeout: config.publish_timeout,
+                content_type,
+                declare_exchange: config.declare_exchange,
+                connection_name,
+                tls: config.broker_tls.clone(),
+                password_file: config.broker_password_file.clone(),
             };
+            let connector = NodeList::new(
+                &config.broker_urls,
+                |url| AmqpConnector {
+                    url: url.clone(),
+                    settings: settings.clone(),
+                },
+                metrics.broker.clone(),
+            );
             spawn_workers(&mut workers, shared.with_broker(connector), config.workers);
         }
         BrokerProtocol::Amqp10 => {
-            let connector = Amqp10Connector {
-                url: config.broker_url.clone(),
-                settings: Amqp10Settings {
-                    address: config.address.clone().unwrap_or_default(),
-                    timeout: config.publish_timeout,
-                    content_type,
-                    container_id: connection_name,
-                    tls: config.broker_tls.clone(),
-                    password_file: config.broker_password_file.clone(),
-                },
+            let settings = Amqp10Settings {
+                address: config.address.clone().unwrap_or_default(),
+                timeout: config.publish_timeout,
+                content_type,
+                container_id: connection_name,
+                tls: config.broker_tls.clone(),
+                password_file: config.broker_password_file.clone(),
             };
+            let connector = NodeList::new(
+                &config.broker_urls,
+                |url| Amqp10Connector {
+                    url: url.clone(),
+                    settings: settings.clone(),
+                },
+                metrics.broker.clone(),
+            );
             spawn_workers(&mut workers, shared.with_broker(connector), config.workers);
         }
     }

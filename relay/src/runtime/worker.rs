@@ -23,6 +23,7 @@ use crate::protocol::cursor::ClaimCursor;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::lanes::Lanes;
+use crate::runtime::nacks::NackPause;
 use crate::table::sql::Statements;
 
 /// What every worker of a process shares. `C` opens the publishers: the worker never names a
@@ -160,6 +161,8 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
     let mut wake = ctx.wake.clone();
     let mut cursor = ClaimCursor::default();
     let mut lanes = ctx.lanes_of.as_deref().map(Lanes::new);
+    // Issue 44 (broker): the pause after the broker's nacks.
+    let mut nacks = NackPause::default();
 
     while !ctx.shutdown.is_cancelled() {
         let refusals = &ctx.metrics.database_standby_refusals;
@@ -272,12 +275,15 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 if !ordered {
                     cursor.advance(&report, ctx.settings.batch_size);
                 }
+                let nack_pause = nacks.after(&report, &ctx.metrics.broker);
                 if let Some(reason) = &report.broker_broken {
                     warn!(%reason, untouched = report.untouched, "broker connection failed mid-batch; reconnecting");
                     if let Some(old) = broker.take() {
                         old.close().await;
                     }
                     pause(&ctx.shutdown, broker.next_delay()).await;
+                } else if let Some(delay) = nack_pause {
+                    pause(&ctx.shutdown, delay).await;
                 } else if ordered && report.published + report.dead_lettered == 0 {
                     // Nothing moved: the lanes are empty, or all that is claimable is held
                     // back behind refused rows. Claiming again at once would only refuse them

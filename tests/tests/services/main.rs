@@ -10,6 +10,7 @@
 
 mod amqp10_delivery;
 mod bad_input;
+mod broker_cluster;
 mod chaos_tool;
 mod claim_seek;
 mod cli;

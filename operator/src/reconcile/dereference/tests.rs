@@ -256,6 +256,41 @@ async fn urls_that_contradict_the_tls_fields_are_refused_naming_the_parameter() 
     ));
     let err = dereference(&secure_spec(), objects).await.unwrap_err();
     assert!(err.to_string().contains("amqps://"), "{err}");
+
+    // Issue 44: a list of nodes, every one of them amqps:// under spec.broker.tls.
+    let mut objects = secure_objects();
+    objects.extend(base_objects(
+        "postgres://app@db/orders",
+        &format!("amqps://app:{LEAK_CANARY}@mq-0:5671/%2f,amqp://app:{LEAK_CANARY}@mq-1:5672/%2f"),
+    ));
+    let err = dereference(&secure_spec(), objects).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("element 2 of 2 is not an amqps:// URL"),
+        "{text}"
+    );
+    assert!(!text.contains(LEAK_CANARY), "{text}");
+}
+
+#[tokio::test]
+async fn the_broker_secret_may_hold_a_list_of_nodes() {
+    let objects = base_objects(
+        "postgres://app@db/orders",
+        "amqp://app:pw@mq-0:5672/%2f,amqp://app:pw@mq-1:5672/%2f,amqp://app:pw@mq-2:5672/%2f",
+    );
+    let found = dereference(&sample_spec(), objects).await.unwrap();
+    assert_eq!(found.broker_urls.len(), 3);
+    let objects = base_objects(
+        "postgres://app@db/orders",
+        &format!("amqp://app:{LEAK_CANARY}@mq-0:5672/%2f,mq-1:5672"),
+    );
+    let err = dereference(&sample_spec(), objects).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("has a comma after its user and password"),
+        "{text}"
+    );
+    assert!(!text.contains(LEAK_CANARY), "{text}");
 }
 
 #[tokio::test]
