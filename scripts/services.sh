@@ -13,6 +13,9 @@
 #                                     on 127.0.0.1:PORT, for a test that restarts its own broker
 #   scripts/services.sh stop-artemis-instance DIR [--kill]
 #                                     stop it (with --kill: SIGKILL, as a crash)
+#   scripts/services.sh standby-pair DIR PRIMARY_PORT STANDBY_PORT (and standby-pair-stop, -start,
+#                                     -promote, -drop): a PostgreSQL primary and synchronous standby
+#                                     of one test's own (see standby_pair below)
 set -euo pipefail
 
 PGHOST=127.0.0.1
@@ -835,11 +838,181 @@ stop_private_artemis() {
   rm -f "$dir/data/artemis.pid"
 }
 
+# A PostgreSQL primary with a synchronous streaming standby, made fresh for one failover test
+# (tests/src/standby.rs), with Debian's PostgreSQL 15 run as postgres (REFERENCE.md has the
+# recipe and what a client sees in each fault):
+#   standby-pair DIR PRIMARY_PORT STANDBY_PORT
+#       stops and removes what a pair left in DIR, then makes DIR/primary on 127.0.0.1:PRIMARY_PORT
+#       and DIR/standby on 127.0.0.1:STANDBY_PORT, the primary's synchronous standby replica1
+#       (trust from 127.0.0.1, database test; logs DIR/primary.log, DIR/standby.log); returns
+#       once pg_stat_replication says sync. DIR's parent must be one the postgres user may enter.
+#   standby-pair-stop DIR primary|standby fast|immediate
+#   standby-pair-start DIR primary|standby
+#   standby-pair-promote DIR     the standby becomes a primary (never start the old primary again
+#                                afterwards: a read-write client would find two primaries)
+#   standby-pair-drop DIR        stop both at once (immediate), remove DIR
+# Bumped when standby_pair_template changes, so the cached template is made again.
+STANDBY_PAIR_VERSION=1
+STANDBY_PAIR_BIN=/usr/lib/postgresql/15/bin
+# Written in DIR when it is made: only a folder holding it is ever removed.
+STANDBY_PAIR_MARK=.outbox-standby-pair
+
+standby_pair_fail() { echo "standby pair: $*" >&2; exit 1; }
+
+standby_pair_check_bin() {
+  [ -x "$STANDBY_PAIR_BIN/pg_basebackup" ] \
+    || standby_pair_fail "$STANDBY_PAIR_BIN/pg_basebackup is missing: install Debian's postgresql-15 (apt-get install postgresql-15)"
+}
+
+standby_pair_psql() { psql -h "$PGHOST" -p "$1" -U postgres -v ON_ERROR_STOP=1 -Atq "${@:2}"; }
+
+# Starts the server of data directory $1 (its port is in its outbox-pair.conf).
+standby_pair_start_server() {
+  if ! as_postgres "$STANDBY_PAIR_BIN/pg_ctl" -D "$1" -l "$1.log" -w -t 60 start >/dev/null; then
+    as_root tail -n 20 "$1.log" >&2 || true
+    standby_pair_fail "the server in $1 did not start (log: $1.log)"
+  fi
+}
+
+# Stops the server of data directory $1 with mode $2 (fast, immediate) when it runs.
+standby_pair_stop_server() {
+  as_postgres "$STANDBY_PAIR_BIN/pg_ctl" -D "$1" status >/dev/null 2>&1 || return 0
+  as_postgres "$STANDBY_PAIR_BIN/pg_ctl" -D "$1" -m "$2" -w -t 60 stop >/dev/null \
+    || standby_pair_fail "the server in $1 did not stop (-m $2)"
+}
+
+# A data directory of database test, made by initdb once per STANDBY_PAIR_VERSION and server
+# version, kept in the cache and copied for every pair (initdb and CREATE DATABASE take seconds on
+# a busy machine, each pair's own). $1 is where to make it when the cache lacks it, $2 a free port
+# for the one start that creates the database. Prints the template's path.
+standby_pair_template() {
+  local data=$1 port=$2 version cache
+  version=$("$STANDBY_PAIR_BIN/pg_config" --version) && version=${version#PostgreSQL } && version=${version%% *}
+  cache="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/standby-pair/template-$STANDBY_PAIR_VERSION-$version"
+  if as_root test -f "$cache/$STANDBY_PAIR_MARK"; then echo "$cache"; return 0; fi
+  echo "standby pair: a template data directory for PostgreSQL $version in $cache" >&2
+  # No sync, no fsync: throw-away servers (a crash of the machine loses nothing a test keeps;
+  # a killed server's writes are in the page cache, which the standby's tests need).
+  if ! as_postgres "$STANDBY_PAIR_BIN/initdb" -D "$data" -U postgres -E UTF8 --locale=C.UTF-8 -A trust \
+    --no-sync >"$data.initdb.log" 2>&1; then
+    as_root tail -n 20 "$data.initdb.log" >&2; standby_pair_fail "initdb failed (log: $data.initdb.log)"
+  fi
+  # TCP only, so pairs never share a socket folder. The per-server settings (port, which standby
+  # is synchronous) go in outbox-pair.conf, which pg_basebackup copies and each server rewrites.
+  printf '%s\n' "# outbox-relay standby pair (scripts/services.sh)" "listen_addresses = '$PGHOST'" \
+    "unix_socket_directories = ''" "max_connections = 100" "shared_buffers = 32MB" "fsync = off" \
+    "wal_level = replica" "max_wal_senders = 5" "wal_keep_size = 64MB" "synchronous_commit = on" \
+    "hot_standby = on" "include_if_exists = 'outbox-pair.conf'" \
+    | as_root tee -a "$data/postgresql.conf" >/dev/null
+  echo "port = $port" | as_postgres tee "$data/outbox-pair.conf" >/dev/null
+  standby_pair_start_server "$data"
+  standby_pair_psql "$port" -d postgres -c 'create database test'
+  standby_pair_stop_server "$data" fast
+  as_root rm -f "$data.log" "$data.initdb.log" "$data/outbox-pair.conf"
+  # Copied under another name and renamed: a pair made meanwhile never copies half a template.
+  as_root mkdir -p "$(dirname "$cache")"
+  as_root cp -a "$data" "$cache.$$"
+  as_root touch "$cache.$$/$STANDBY_PAIR_MARK"
+  as_root mv -T "$cache.$$" "$cache" 2>/dev/null || as_root rm -rf "$cache.$$"
+  echo "$cache"
+}
+
+standby_pair() {
+  local dir=$1 primary_port=$2 standby_port=$3 template
+  case "$primary_port$standby_port" in *[!0-9]*) standby_pair_fail "ports must be numbers: $primary_port $standby_port" ;; esac
+  standby_pair_check_bin
+  standby_pair_drop "$dir"
+  as_root mkdir -p "$(dirname "$dir")"
+  as_root install -d -m 700 -o postgres -g postgres "$dir"
+  as_root touch "$dir/$STANDBY_PAIR_MARK"
+  as_postgres test -w "$dir" \
+    || standby_pair_fail "the postgres user cannot write in $dir: choose a folder whose parents it may enter (e.g. under /tmp)"
+  template=$(standby_pair_template "$dir/primary" "$primary_port")
+  [ -d "$dir/primary" ] && as_root rm -rf "$dir/primary"
+  as_root cp -a "$template" "$dir/primary"
+  as_root rm -f "$dir/primary/$STANDBY_PAIR_MARK"
+  # The primary waits for replica1's flush at every commit (synchronous_commit = on).
+  printf '%s\n' "port = $primary_port" "synchronous_standby_names = 'FIRST 1 (replica1)'" \
+    | as_postgres tee "$dir/primary/outbox-pair.conf" >/dev/null
+  standby_pair_start_server "$dir/primary"
+  if ! as_postgres "$STANDBY_PAIR_BIN/pg_basebackup" -h "$PGHOST" -p "$primary_port" -U postgres \
+    -D "$dir/standby" -R -X stream -c fast --no-sync >"$dir/basebackup.log" 2>&1; then
+    as_root tail -n 20 "$dir/basebackup.log" >&2; standby_pair_fail "pg_basebackup failed (log: $dir/basebackup.log)"
+  fi
+  # Written before the standby's first start: once promoted, a standby that still named a
+  # synchronous standby would hold every commit waiting for one that does not exist.
+  printf '%s\n' "port = $standby_port" "synchronous_standby_names = ''" \
+    | as_postgres tee "$dir/standby/outbox-pair.conf" >/dev/null
+  # The name the primary's synchronous_standby_names knows it by.
+  as_root sed -i "s/^primary_conninfo = '/primary_conninfo = 'application_name=replica1 /" \
+    "$dir/standby/postgresql.auto.conf"
+  as_root grep -q "^primary_conninfo = 'application_name=replica1 " "$dir/standby/postgresql.auto.conf" \
+    || standby_pair_fail "pg_basebackup -R wrote no primary_conninfo in $dir/standby/postgresql.auto.conf"
+  standby_pair_start_server "$dir/standby"
+  local state=""
+  for _ in $(seq 1 60); do
+    state=$(standby_pair_psql "$primary_port" -d postgres \
+      -c "select sync_state from pg_stat_replication where application_name = 'replica1'") || state=""
+    [ "$state" = sync ] && return 0
+    sleep 0.5
+  done
+  standby_pair_fail "the standby on $standby_port is not the primary's synchronous standby (sync_state '$state'; logs $dir/*.log)"
+}
+
+standby_pair_server_dir() {
+  case "$2" in primary | standby) ;; *) standby_pair_fail "which server: primary or standby, not '$2'" ;; esac
+  as_root test -f "$1/$STANDBY_PAIR_MARK" || standby_pair_fail "$1 holds no standby pair"
+  echo "$1/$2"
+}
+
+standby_pair_stop() {
+  local data
+  case "$3" in fast | immediate) ;; *) standby_pair_fail "stop mode: fast or immediate, not '$3'" ;; esac
+  data=$(standby_pair_server_dir "$1" "$2")
+  standby_pair_stop_server "$data" "$3"
+}
+
+standby_pair_start() {
+  local data
+  data=$(standby_pair_server_dir "$1" "$2")
+  standby_pair_start_server "$data"
+}
+
+# pg_ctl -w promote returns once the server accepts writes.
+standby_pair_promote() {
+  local data
+  data=$(standby_pair_server_dir "$1" standby)
+  as_postgres "$STANDBY_PAIR_BIN/pg_ctl" -D "$data" -w -t 60 promote >/dev/null \
+    || standby_pair_fail "the standby in $data was not promoted (log: $data.log)"
+}
+
+standby_pair_drop() {
+  local dir=$1 server
+  as_root test -e "$dir" || return 0
+  as_root test -f "$dir/$STANDBY_PAIR_MARK" || standby_pair_fail "$dir holds no standby pair: not removed"
+  for server in primary standby; do
+    as_root test -f "$dir/$server/postmaster.pid" && standby_pair_stop_server "$dir/$server" immediate
+  done
+  as_root rm -rf "$dir"
+}
+
+standby_pair_command() {
+  case "$1" in
+    standby-pair) standby_pair "${2:?DIR}" "${3:?PRIMARY_PORT}" "${4:?STANDBY_PORT}" ;;
+    standby-pair-stop) standby_pair_stop "${2:?DIR}" "${3:?primary or standby}" "${4:?fast or immediate}" ;;
+    standby-pair-start) standby_pair_start "${2:?DIR}" "${3:?primary or standby}" ;;
+    standby-pair-promote) standby_pair_promote "${2:?DIR}" ;;
+    standby-pair-drop) standby_pair_drop "${2:?DIR}" ;;
+    *) standby_pair_fail "unknown command $1" ;;
+  esac
+}
+
 case "${1:-}" in
   "" | postgres-majors) ;;
   stop-artemis) stop_artemis; exit 0 ;;
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
+  standby-pair | standby-pair-*) standby_pair_command "$@"; exit 0 ;;
   *) echo "usage: $0 [postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill]]" >&2; exit 2 ;;
 esac
 

@@ -29,6 +29,8 @@ pub struct Received {
     pub sizes: HashMap<Uuid, usize>,
     /// Every id in the order the queue delivered it, repeats included.
     pub arrivals: Vec<Uuid>,
+    /// When each of `arrivals` came, in the same order: the gaps a fault leaves in delivery.
+    pub arrived_at: Vec<std::time::Instant>,
 }
 
 pub struct Consumer {
@@ -124,6 +126,7 @@ pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> C
                 Some(id) => {
                     *seen.counts.entry(id).or_default() += 1;
                     seen.arrivals.push(id);
+                    seen.arrived_at.push(std::time::Instant::now());
                     seen.sizes.insert(id, delivery.data.len());
                     if let Some(kind) = delivery.properties.kind() {
                         seen.types.insert(id, kind.to_string());
@@ -173,6 +176,20 @@ impl Consumer {
     /// Every id in arrival order, repeats included.
     pub fn arrivals(&self) -> Vec<Uuid> {
         self.received.lock().unwrap().arrivals.clone()
+    }
+
+    /// The longest pause between two deliveries, and when (after the first delivery) it
+    /// began; zero with fewer than two.
+    pub fn longest_gap(&self) -> (Duration, Duration) {
+        let seen = self.received.lock().unwrap();
+        let Some(first) = seen.arrived_at.first().copied() else {
+            return (Duration::ZERO, Duration::ZERO);
+        };
+        seen.arrived_at
+            .windows(2)
+            .map(|pair| (pair[1] - pair[0], pair[0] - first))
+            .max()
+            .unwrap_or_default()
     }
 
     pub fn has(&self, id: &Uuid) -> bool {

@@ -20,6 +20,7 @@ mod image;
 mod metrics_port;
 mod migration;
 mod per_key_ordering;
+mod pg_failover;
 mod pgbouncer;
 mod publish_slots;
 mod relay_delivery;
