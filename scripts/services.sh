@@ -14,7 +14,7 @@
 #   scripts/services.sh stop-artemis-instance DIR [--kill]
 #                                     stop it (with --kill: SIGKILL, as a crash)
 #   scripts/services.sh standby-pair DIR PRIMARY_PORT STANDBY_PORT (and standby-pair-stop, -start,
-#                                     -promote, -drop): a PostgreSQL primary and synchronous standby
+#                                     -promote, -rejoin, -drop): a PostgreSQL primary and synchronous standby
 #                                     of one test's own (see standby_pair below)
 set -euo pipefail
 
@@ -844,15 +844,21 @@ stop_private_artemis() {
 #   standby-pair DIR PRIMARY_PORT STANDBY_PORT
 #       stops and removes what a pair left in DIR, then makes DIR/primary on 127.0.0.1:PRIMARY_PORT
 #       and DIR/standby on 127.0.0.1:STANDBY_PORT, the primary's synchronous standby replica1
-#       (trust from 127.0.0.1, database test; logs DIR/primary.log, DIR/standby.log); returns
-#       once pg_stat_replication says sync. DIR's parent must be one the postgres user may enter.
+#       (trust from 127.0.0.1, database test; logs DIR/primary.log, DIR/standby.log), both also
+#       on the services address for the pods; returns once pg_stat_replication says sync. DIR's parent must be one the postgres user may enter.
 #   standby-pair-stop DIR primary|standby fast|immediate
 #   standby-pair-start DIR primary|standby
-#   standby-pair-promote DIR     the standby becomes a primary (never start the old primary again
-#                                afterwards: a read-write client would find two primaries)
+#   standby-pair-promote DIR [primary|standby]
+#                                that server (the standby by default) becomes a primary (never
+#                                start the old primary again as it was: a read-write client
+#                                would find two primaries)
+#   standby-pair-rejoin DIR primary|standby
+#                                that server is made again from a base backup of the other (a
+#                                primary), as its synchronous standby: the roles swap, names and
+#                                ports stay
 #   standby-pair-drop DIR        stop both at once (immediate), remove DIR
 # Bumped when standby_pair_template changes, so the cached template is made again.
-STANDBY_PAIR_VERSION=1
+STANDBY_PAIR_VERSION=2
 STANDBY_PAIR_BIN=/usr/lib/postgresql/15/bin
 # Written in DIR when it is made: only a folder holding it is ever removed.
 STANDBY_PAIR_MARK=.outbox-standby-pair
@@ -897,13 +903,17 @@ standby_pair_template() {
     --no-sync >"$data.initdb.log" 2>&1; then
     as_root tail -n 20 "$data.initdb.log" >&2; standby_pair_fail "initdb failed (log: $data.initdb.log)"
   fi
-  # TCP only, so pairs never share a socket folder. The per-server settings (port, which standby
-  # is synchronous) go in outbox-pair.conf, which pg_basebackup copies and each server rewrites.
-  printf '%s\n' "# outbox-relay standby pair (scripts/services.sh)" "listen_addresses = '$PGHOST'" \
+  # TCP only, so pairs never share a socket folder; on the services address too, for the pods of
+  # the tests' cluster (a server that cannot bind it, on a host without it, warns and goes on).
+  # The per-server settings (port, which standby is synchronous) go in outbox-pair.conf, which
+  # pg_basebackup copies and each server rewrites.
+  printf '%s\n' "# outbox-relay standby pair (scripts/services.sh)" "listen_addresses = '$PGHOST,$SERVICES_ADDRESS'" \
     "unix_socket_directories = ''" "max_connections = 100" "shared_buffers = 32MB" "fsync = off" \
     "wal_level = replica" "max_wal_senders = 5" "wal_keep_size = 64MB" "synchronous_commit = on" \
     "hot_standby = on" "include_if_exists = 'outbox-pair.conf'" \
     | as_root tee -a "$data/postgresql.conf" >/dev/null
+  printf '%s\n' "host all all $NODES_NETWORK trust # outbox-relay pods trust" \
+    "host all all $SERVICES_ADDRESS/32 trust # outbox-relay pods trust" | as_root tee -a "$data/pg_hba.conf" >/dev/null
   echo "port = $port" | as_postgres tee "$data/outbox-pair.conf" >/dev/null
   standby_pair_start_server "$data"
   standby_pair_psql "$port" -d postgres -c 'create database test'
@@ -939,24 +949,33 @@ standby_pair() {
     -D "$dir/standby" -R -X stream -c fast --no-sync >"$dir/basebackup.log" 2>&1; then
     as_root tail -n 20 "$dir/basebackup.log" >&2; standby_pair_fail "pg_basebackup failed (log: $dir/basebackup.log)"
   fi
+  standby_pair_standby_conf "$dir/standby" "$standby_port"
+  standby_pair_start_server "$dir/standby"
+  standby_pair_wait_sync "$primary_port" "$dir"
+}
+
+# The settings of a standby in data directory $1 (made by pg_basebackup -R) on port $2.
+standby_pair_standby_conf() {
   # Written before the standby's first start: once promoted, a standby that still named a
   # synchronous standby would hold every commit waiting for one that does not exist.
-  printf '%s\n' "port = $standby_port" "synchronous_standby_names = ''" \
-    | as_postgres tee "$dir/standby/outbox-pair.conf" >/dev/null
+  printf '%s\n' "port = $2" "synchronous_standby_names = ''" | as_postgres tee "$1/outbox-pair.conf" >/dev/null
   # The name the primary's synchronous_standby_names knows it by.
-  as_root sed -i "s/^primary_conninfo = '/primary_conninfo = 'application_name=replica1 /" \
-    "$dir/standby/postgresql.auto.conf"
-  as_root grep -q "^primary_conninfo = 'application_name=replica1 " "$dir/standby/postgresql.auto.conf" \
-    || standby_pair_fail "pg_basebackup -R wrote no primary_conninfo in $dir/standby/postgresql.auto.conf"
-  standby_pair_start_server "$dir/standby"
+  as_root sed -i "s/^primary_conninfo = '/primary_conninfo = 'application_name=replica1 /" "$1/postgresql.auto.conf"
+  as_root grep -q "^primary_conninfo = 'application_name=replica1 " "$1/postgresql.auto.conf" \
+    || standby_pair_fail "pg_basebackup -R wrote no primary_conninfo in $1/postgresql.auto.conf"
+}
+
+# Waits until the primary on port $1 has replica1 as its synchronous standby ($2: the pair's
+# folder, for the message).
+standby_pair_wait_sync() {
   local state=""
   for _ in $(seq 1 60); do
-    state=$(standby_pair_psql "$primary_port" -d postgres \
+    state=$(standby_pair_psql "$1" -d postgres \
       -c "select sync_state from pg_stat_replication where application_name = 'replica1'") || state=""
     [ "$state" = sync ] && return 0
     sleep 0.5
   done
-  standby_pair_fail "the standby on $standby_port is not the primary's synchronous standby (sync_state '$state'; logs $dir/*.log)"
+  standby_pair_fail "the primary on $1 has no synchronous standby (sync_state '$state'; logs $2/*.log)"
 }
 
 standby_pair_server_dir() {
@@ -978,12 +997,44 @@ standby_pair_start() {
   standby_pair_start_server "$data"
 }
 
-# pg_ctl -w promote returns once the server accepts writes.
+# pg_ctl -w promote returns once the server accepts writes. $2: which server (default standby).
 standby_pair_promote() {
   local data
-  data=$(standby_pair_server_dir "$1" standby)
+  data=$(standby_pair_server_dir "$1" "${2:-standby}")
   as_postgres "$STANDBY_PAIR_BIN/pg_ctl" -D "$data" -w -t 60 promote >/dev/null \
-    || standby_pair_fail "the standby in $data was not promoted (log: $data.log)"
+    || standby_pair_fail "the server in $data was not promoted (log: $data.log)"
+}
+
+# The other server of the pair than $1.
+standby_pair_other() { if [ "$1" = primary ]; then echo standby; else echo primary; fi; }
+
+# The port in server $1's outbox-pair.conf.
+standby_pair_port() { as_root sed -n 's/^port = \([0-9]*\)$/\1/p' "$1/outbox-pair.conf"; }
+
+# Server $2 (down: killed, or a standby left behind) is made again as the synchronous standby of
+# the other, which must run as a primary: a new base backup of it (what pg_rewind would spare on
+# a large database), then the other waits for it at every commit again. After a promotion and
+# this, the two servers have swapped roles; each keeps its name and port.
+standby_pair_rejoin() {
+  local dir=$1 server=$2 data source port source_port
+  data=$(standby_pair_server_dir "$dir" "$server")
+  source="$dir/$(standby_pair_other "$server")"
+  port=$(standby_pair_port "$data") && source_port=$(standby_pair_port "$source")
+  [ -n "$port" ] && [ -n "$source_port" ] || standby_pair_fail "no port in $dir/*/outbox-pair.conf"
+  [ "$(standby_pair_psql "$source_port" -d postgres -c 'select pg_is_in_recovery()')" = f ] \
+    || standby_pair_fail "the server on $source_port is not a primary: promote it first"
+  standby_pair_stop_server "$data" immediate
+  as_root rm -rf "$data"
+  if ! as_postgres "$STANDBY_PAIR_BIN/pg_basebackup" -h "$PGHOST" -p "$source_port" -U postgres \
+    -D "$data" -R -X stream -c fast --no-sync >"$dir/basebackup.log" 2>&1; then
+    as_root tail -n 20 "$dir/basebackup.log" >&2; standby_pair_fail "pg_basebackup failed (log: $dir/basebackup.log)"
+  fi
+  standby_pair_standby_conf "$data" "$port"
+  standby_pair_start_server "$data"
+  printf '%s\n' "port = $source_port" "synchronous_standby_names = 'FIRST 1 (replica1)'" \
+    | as_postgres tee "$source/outbox-pair.conf" >/dev/null
+  as_postgres "$STANDBY_PAIR_BIN/pg_ctl" -D "$source" reload >/dev/null
+  standby_pair_wait_sync "$source_port" "$dir"
 }
 
 standby_pair_drop() {
@@ -1001,7 +1052,8 @@ standby_pair_command() {
     standby-pair) standby_pair "${2:?DIR}" "${3:?PRIMARY_PORT}" "${4:?STANDBY_PORT}" ;;
     standby-pair-stop) standby_pair_stop "${2:?DIR}" "${3:?primary or standby}" "${4:?fast or immediate}" ;;
     standby-pair-start) standby_pair_start "${2:?DIR}" "${3:?primary or standby}" ;;
-    standby-pair-promote) standby_pair_promote "${2:?DIR}" ;;
+    standby-pair-promote) standby_pair_promote "${2:?DIR}" "${3:-standby}" ;;
+    standby-pair-rejoin) standby_pair_rejoin "${2:?DIR}" "${3:?primary or standby}" ;;
     standby-pair-drop) standby_pair_drop "${2:?DIR}" ;;
     *) standby_pair_fail "unknown command $1" ;;
   esac

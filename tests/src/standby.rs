@@ -26,10 +26,18 @@ pub enum Server {
 }
 
 impl Server {
-    fn name(self) -> &'static str {
+    /// The name the server was made with: after a promotion the standby is the primary.
+    pub fn name(self) -> &'static str {
         match self {
             Server::Primary => "primary",
             Server::Standby => "standby",
+        }
+    }
+
+    pub fn other(self) -> Self {
+        match self {
+            Server::Primary => Server::Standby,
+            Server::Standby => Server::Primary,
         }
     }
 }
@@ -161,8 +169,18 @@ impl StandbyPair {
 
     /// libpq's multi-host URL of both, the primary first, asking for a read-write session.
     pub fn multi_host_url(&self) -> String {
+        self.multi_host_url_on(&std::net::Ipv4Addr::LOCALHOST.to_string())
+    }
+
+    /// [`Self::multi_host_url`] as the pods of the tests' cluster reach the pair: on the
+    /// services address, where the servers listen too.
+    pub fn multi_host_url_for_pods(&self) -> String {
+        self.multi_host_url_on(&crate::services::SERVICES_ADDRESS.to_string())
+    }
+
+    fn multi_host_url_on(&self, host: &str) -> String {
         format!(
-            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/test?target_session_attrs=read-write",
+            "postgres://postgres@{host}:{},{host}:{}/test?target_session_attrs=read-write",
             self.primary_port, self.standby_port
         )
     }
@@ -202,9 +220,22 @@ impl StandbyPair {
 
     /// The standby becomes a primary; returns once it accepts writes.
     pub async fn promote(&self) {
-        services(&["standby-pair-promote", self.dir_str()])
+        self.promote_server(Server::Standby).await;
+    }
+
+    /// `server` becomes a primary (after [`Self::rejoin`] the roles are swapped, so the server
+    /// called primary may be the standby).
+    pub async fn promote_server(&self, server: Server) {
+        services(&["standby-pair-promote", self.dir_str(), server.name()])
             .await
             .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// `server` (killed, or left behind by a promotion) is made again from a base backup of
+    /// the other, which must be a primary, as its synchronous standby: the roles swap, each
+    /// server keeps its name and port. Returns once the new standby is synchronous.
+    pub async fn rejoin(&self, server: Server) -> Result<(), String> {
+        services(&["standby-pair-rejoin", self.dir_str(), server.name()]).await
     }
 
     /// `pg_is_in_recovery()` of `server`.
