@@ -20,7 +20,8 @@ const IN_FLIGHT: u64 = BATCH * WORKERS;
 const WAITING_GAUGE: &str = "outbox_relay_database_waiting_for_primary";
 const REFUSALS: &str = "outbox_relay_database_standby_refusals_total";
 
-/// `run` arguments for a relay on `name` (table and exchange) reaching PostgreSQL at `url`.
+/// `run` arguments for a relay on `name` (table and exchange) reaching PostgreSQL at `url`,
+/// with [`BATCH`] and [`WORKERS`].
 fn relay_args<'a>(name: &'a str, url: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "--database-url",
@@ -170,6 +171,68 @@ async fn kill_primary_mid_run(
 async fn metric(addr: &str, series: &str) -> Option<f64> {
     let (_, text) = http::get(addr, "/metrics").await;
     metrics::value(&text, series)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_test_bed_replicates_synchronously_and_fails_over() {
+    // The pair itself, without a relay: what the scenarios below rely on.
+    let pair = StandbyPair::start().await;
+    assert_eq!(pair.sync_state().await.as_deref(), Some("sync"));
+    assert!(pair.in_recovery(Server::Standby).await);
+    let mut primary = db::connect_to(&pair.primary_url()).await;
+    db::exec(
+        &mut primary,
+        "CREATE TABLE bed (n int); INSERT INTO bed VALUES (1)",
+    )
+    .await;
+    let mut standby = db::connect_to(&pair.standby_url()).await;
+    let written = sqlx::query("INSERT INTO bed VALUES (2)")
+        .execute(&mut standby)
+        .await
+        .expect_err("a standby takes no writes");
+    let code = written.as_database_error().and_then(|e| e.code());
+    assert_eq!(code.as_deref(), Some("25006"), "{written}");
+
+    // Without its synchronous standby, a commit on the primary does not return.
+    pair.stop_standby().await;
+    let waiting = tokio::time::timeout(
+        Duration::from_secs(1),
+        sqlx::query("INSERT INTO bed VALUES (3)").execute(&mut primary),
+    )
+    .await;
+    assert!(waiting.is_err(), "a commit returned without the standby");
+    drop(primary);
+    pair.start_standby().await;
+    assert!(pair.wait_until_synchronous(Duration::from_secs(30)).await);
+    let standby = pair.standby_url();
+    assert!(
+        outbox_tests::wait::holds(
+            "the waiting commit arrives",
+            Duration::from_secs(10),
+            || {
+                async {
+                    let mut conn = db::connect_to(&standby).await;
+                    db::scalar_i64(&mut conn, "SELECT count(*) FROM bed").await == 2
+                }
+            }
+        )
+        .await
+    );
+
+    // Failover: the promoted standby takes writes at once (it waits for no standby).
+    pair.kill_primary().await;
+    pair.promote().await;
+    assert!(!pair.in_recovery(Server::Standby).await);
+    let mut promoted = db::connect_to(&pair.standby_url()).await;
+    let write = tokio::time::timeout(
+        Duration::from_secs(5),
+        sqlx::query("INSERT INTO bed VALUES (4)").execute(&mut promoted),
+    )
+    .await;
+    assert!(
+        write.is_ok_and(|r| r.is_ok()),
+        "a write on the promoted standby"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
