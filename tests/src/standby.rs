@@ -247,8 +247,8 @@ impl StandbyPair {
             .expect("pg_is_in_recovery()")
     }
 
-    /// The standby's `sync_state` as the primary sees it (`sync`, `async`, …); `None` while it
-    /// is not connected.
+    /// The standby's `sync_state` as the server made primary sees it (`sync`, `async`, …);
+    /// `None` while it is not connected (or after a [`Self::rejoin`], where the roles swapped).
     pub async fn sync_state(&self) -> Option<String> {
         let mut conn = crate::db::connect_to(&self.primary_url()).await;
         sqlx::query_scalar(
