@@ -75,11 +75,7 @@ impl Scenario {
         max_duplicates: u64,
     ) {
         let (table, consumer, rows) = (&self.table, &self.consumer, self.rows);
-        assert!(
-            db::wait_until_drained_in(survivor, table, Duration::from_secs(60)).await,
-            "{what}: rows still pending on the surviving primary:\n{}",
-            log_tail(relay)
-        );
+        wait_until_drained(what, relay, survivor, table).await;
         consumer.wait_for(rows, Duration::from_secs(30)).await;
         assert_eq!(
             relay.terminate(Duration::from_secs(30)).await,
@@ -146,6 +142,31 @@ async fn wait_for_delivery(relay: &mut process::RelayProcess, consumer: &Consume
             log_tail(relay)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until no row of `table` is pending on the primary at `url`; panics with the relay's
+/// log when the relay exits first or a minute passes.
+async fn wait_until_drained(
+    what: &str,
+    relay: &mut process::RelayProcess,
+    url: &str,
+    table: &OutboxTable,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = relay.child.try_wait().expect("the relay's status") {
+            panic!("{what}: the relay exited ({status}):\n{}", log_tail(relay));
+        }
+        if db::pending(&mut db::connect_to(url).await, table).await == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: rows still pending on {url} after a minute:\n{}",
+            log_tail(relay)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -364,11 +385,7 @@ async fn a_relay_on_a_standby_waits_quietly_and_relays_once_it_is_promoted() {
 
     run.pair.promote().await;
     let promoted = Instant::now();
-    assert!(
-        db::wait_until_drained_in(&standby, table, Duration::from_secs(60)).await,
-        "nothing relayed after the promotion:\n{}",
-        log_tail(&relay)
-    );
+    wait_until_drained("after the promotion", &mut relay, &standby, table).await;
     println!(
         "relay on a standby: drained {:.1?} after the promotion",
         promoted.elapsed()
@@ -397,9 +414,7 @@ async fn the_synchronous_standby_stopped_bounds_the_commit_and_loses_nothing() {
     let primary = run.pair.primary_url();
     let args = relay_args(name, &primary, &["--commit-timeout", "2s"]);
     let mut relay = process::spawn_relay(name, &args);
-    consumer
-        .wait_for(run.rows / 5, Duration::from_secs(60))
-        .await;
+    wait_for_delivery(&mut relay, consumer, run.rows / 5).await;
     run.pair.stop_standby().await;
     let log_before = relay.log_text().lines().count();
     let sent_before = consumer.distinct();
@@ -507,11 +522,7 @@ async fn session_attrs_a_relay_cannot_use_are_refused_and_the_default_finds_the_
     let primary = pair.primary_url();
     let mut relay = process::spawn_relay(name, &relay_args(name, &url, &[]));
     let addr = relay.metrics_addr().await;
-    assert!(
-        db::wait_until_drained_in(&primary, &run.table, Duration::from_secs(60)).await,
-        "{}",
-        log_tail(&relay)
-    );
+    wait_until_drained("standby named first", &mut relay, &primary, &run.table).await;
     assert!(
         metric(&addr, REFUSALS).await.is_some_and(|n| n >= 1.0),
         "{REFUSALS} did not count the standby named first"
