@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use lapin::ExchangeKind;
 use outbox_relay::table::OutboxTable;
 use outbox_tests::broker::Consumer;
-use outbox_tests::standby::{Server, StandbyPair};
+use outbox_tests::standby::{Server, StandbyPair, Stop};
 use outbox_tests::{broker, db, http, metrics, process, proxy, unique};
 
 const BATCH: u64 = 200;
@@ -289,6 +289,34 @@ async fn primary_killed_and_standby_promoted_behind_a_stable_address() {
     let survivor = run.pair.standby_url();
     run.assert_all_delivered(
         "primary killed, stable address moved",
+        &mut relay,
+        &survivor,
+        IN_FLIGHT,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switchover_brings_the_old_primary_back_as_a_standby_and_the_multi_host_url_passes_it_over()
+ {
+    // Patroni's or CloudNativePG's switchover: the primary stopped cleanly (its sessions get
+    // 57P01), the standby promoted, the old primary back on its address as the new one's
+    // standby. The URL still names it first: every connection that lands there must be closed
+    // and the next host tried.
+    let run = Scenario::start("pgfo_switch", 20_000).await;
+    let (name, url) = (&run.name, run.pair.multi_host_url());
+    let mut relay = process::spawn_relay(name, &relay_args(name, &url, &[]));
+    wait_for_delivery(&mut relay, &run.consumer, run.rows / 5).await;
+    run.pair.stop(Server::Primary, Stop::Fast).await;
+    run.pair.promote().await;
+    run.pair
+        .rejoin(Server::Primary)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(run.pair.in_recovery(Server::Primary).await);
+    let survivor = run.pair.standby_url();
+    run.assert_all_delivered(
+        "switchover, the old primary back as standby",
         &mut relay,
         &survivor,
         IN_FLIGHT,
