@@ -29,7 +29,7 @@ pub struct Received {
     pub sizes: HashMap<Uuid, usize>,
     /// Every id in the order the queue delivered it, repeats included.
     pub arrivals: Vec<Uuid>,
-    /// When each of `arrivals` came, for the longest gap in delivery.
+    /// When each of `arrivals` came, in the same order: the gaps a fault leaves in delivery.
     pub arrived_at: Vec<std::time::Instant>,
 }
 
@@ -201,12 +201,16 @@ impl Consumer {
         self.received.lock().unwrap().arrivals.clone()
     }
 
-    /// The longest time between two arrivals.
-    pub fn longest_gap(&self) -> Duration {
+    /// The longest pause between two deliveries, and when (after the first delivery) it
+    /// began; zero with fewer than two.
+    pub fn longest_gap(&self) -> (Duration, Duration) {
         let seen = self.received.lock().unwrap();
+        let Some(first) = seen.arrived_at.first().copied() else {
+            return (Duration::ZERO, Duration::ZERO);
+        };
         seen.arrived_at
             .windows(2)
-            .map(|pair| pair[1].duration_since(pair[0]))
+            .map(|pair| (pair[1] - pair[0], pair[0] - first))
             .max()
             .unwrap_or_default()
     }

@@ -10,6 +10,13 @@ pub async fn connect() -> PgConnection {
         .expect("PostgreSQL must run on 127.0.0.1:5432 (make services)")
 }
 
+/// A connection to the server `url` names (a test's own server: a standby pair, a major).
+pub async fn connect_to(url: &str) -> PgConnection {
+    PgConnection::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
 /// Runs one statement (or several, simple protocol) and panics with the SQL on failure.
 pub async fn exec(conn: &mut PgConnection, sql: &str) {
     sqlx::raw_sql(AssertSqlSafe(sql.to_string()))
@@ -27,7 +34,15 @@ pub async fn scalar_i64(conn: &mut PgConnection, sql: &str) -> i64 {
 
 /// Creates a reference-shaped table (with the given mapping) and loads `rows` rows.
 pub async fn seeded_table(table: &OutboxTable, rows: u64) -> PgConnection {
-    let mut conn = connect().await;
+    seed_on(connect().await, table, rows).await
+}
+
+/// [`seeded_table`] on the server `url` names rather than the tests' own.
+pub async fn seeded_table_in(url: &str, table: &OutboxTable, rows: u64) -> PgConnection {
+    seed_on(connect_to(url).await, table, rows).await
+}
+
+async fn seed_on(mut conn: PgConnection, table: &OutboxTable, rows: u64) -> PgConnection {
     outbox_relay::tools::seed::create_table(&mut conn, table)
         .await
         .expect("create table");
@@ -94,9 +109,7 @@ pub async fn wait_until_drained_in(
     crate::wait::holds("the table is drained", timeout, || {
         let table = table.clone();
         async move {
-            let mut conn = PgConnection::connect(database_url)
-                .await
-                .unwrap_or_else(|e| panic!("connect to {database_url}: {e}"));
+            let mut conn = connect_to(database_url).await;
             pending(&mut conn, &table).await == 0
         }
     })

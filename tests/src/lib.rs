@@ -21,6 +21,7 @@ pub mod process;
 pub mod proxy;
 pub mod scaling_recorder;
 pub mod services;
+pub mod standby;
 pub mod timeline;
 pub mod tls;
 pub mod wait;

@@ -3,7 +3,9 @@
 //! relay must survive without losing or double-marking rows. It can also stall only the
 //! replies, so what a client sends still arrives while nothing it waits for comes back. And it
 //! can cut: close every connection it carries at once, as a broker restart or a dropped link
-//! does, while new connections are still accepted.
+//! does, while new connections are still accepted. And it can be repointed: new connections go
+//! to another upstream, as a stable address does when what stands behind it moves (a `-rw`
+//! Service or a DNS name after a failover).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,6 +23,8 @@ pub struct StallSwitch {
     replies: Arc<watch::Sender<bool>>,
     /// Bumped by [`StallSwitch::cut`]; a connection made before the bump closes.
     cuts: Arc<watch::Sender<u64>>,
+    /// Where the next connection goes.
+    upstream: Arc<watch::Sender<SocketAddr>>,
 }
 
 impl StallSwitch {
@@ -44,6 +48,12 @@ impl StallSwitch {
         self.cuts.send_modify(|cuts| *cuts += 1);
     }
 
+    /// Sends the connections made from now on to `upstream`; the ones it carries stay where they
+    /// are (as a Service's endpoints or a DNS answer change: an open connection is not moved).
+    pub fn repoint(&self, upstream: SocketAddr) {
+        self.upstream.send_replace(upstream);
+    }
+
     /// Stalls for `duration`, then resumes.
     pub async fn stall_for(&self, duration: Duration) {
         self.stall();
@@ -59,13 +69,16 @@ pub async fn start(upstream: SocketAddr) -> std::io::Result<(SocketAddr, StallSw
     let (requests, requests_stalled) = watch::channel(false);
     let (replies, replies_stalled) = watch::channel(false);
     let (cuts, cut) = watch::channel(0u64);
+    let (upstreams, upstream_now) = watch::channel(upstream);
     let switch = StallSwitch {
         requests: Arc::new(requests),
         replies: Arc::new(replies),
         cuts: Arc::new(cuts),
+        upstream: Arc::new(upstreams),
     };
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
+            let upstream = *upstream_now.borrow();
             let (requests_stalled, replies_stalled) =
                 (requests_stalled.clone(), replies_stalled.clone());
             let mut cut = cut.clone();
@@ -228,6 +241,27 @@ mod tests {
             .expect("a connection after the cut is carried")
             .unwrap();
         assert_eq!(&reply, b"yo");
+    }
+
+    #[tokio::test]
+    async fn a_repointed_proxy_sends_new_connections_to_the_new_upstream() {
+        let (first, mut first_arrivals) = echo_server().await;
+        let (second, mut second_arrivals) = echo_server().await;
+        let (addr, switch) = start(first).await.unwrap();
+        let mut before = TcpStream::connect(addr).await.unwrap();
+        before.write_all(b"a").await.unwrap();
+        let arrived = tokio::time::timeout(Duration::from_secs(2), first_arrivals.recv()).await;
+        assert_eq!(arrived.unwrap().as_deref(), Some(&b"a"[..]));
+
+        switch.repoint(second);
+        let mut after = TcpStream::connect(addr).await.unwrap();
+        after.write_all(b"b").await.unwrap();
+        let arrived = tokio::time::timeout(Duration::from_secs(2), second_arrivals.recv()).await;
+        assert_eq!(arrived.unwrap().as_deref(), Some(&b"b"[..]));
+        // The connection made before stays with the first upstream.
+        before.write_all(b"c").await.unwrap();
+        let arrived = tokio::time::timeout(Duration::from_secs(2), first_arrivals.recv()).await;
+        assert_eq!(arrived.unwrap().as_deref(), Some(&b"c"[..]));
     }
 
     #[tokio::test]

@@ -6,7 +6,9 @@
 //! (must be nothing), duplicated (within the protocol's bound) and left pending (nothing).
 //! With `--ordering per-key` the rows take turns over `--keys` partition keys, the relays run
 //! with per-key ordering, and the report adds the keys whose first deliveries came out of
-//! order (must be none).
+//! order (must be none). With the `pg-failover` fault the run's database is a primary and
+//! synchronous standby of its own (`outbox_tests::standby`) rather than `DATABASE_URL`'s, and
+//! the relays reach it through one address that moves at each failover.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -22,6 +24,7 @@ use outbox_tests::chaos::consumer;
 use outbox_tests::chaos::faults::{self, FaultKind};
 use outbox_tests::chaos::report::{ChaosReport, FaultRecord, OrderingReport};
 use outbox_tests::ordering::{check, expected_order};
+use outbox_tests::standby::{Server, StandbyPair, Stop};
 use outbox_tests::{db, process, proxy, unique, wait};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -49,7 +52,8 @@ struct Cli {
     /// Seed of the fault schedule; printed in the report so a run can be repeated.
     #[arg(long)]
     seed: Option<u64>,
-    /// Fault kinds to inject (comma-separated): kill-9, broker-cut, broker-restart, pg-terminate, network-stall.
+    /// Fault kinds to inject (comma-separated): kill-9, broker-cut, broker-restart, pg-terminate,
+    /// network-stall, and pg-failover (which runs on a standby pair of the run's own).
     #[arg(
         long,
         value_delimiter = ',',
@@ -101,6 +105,31 @@ struct Run {
     started: Instant,
     /// Under per-key ordering: the relays' extra arguments.
     ordering_args: Vec<String>,
+    /// The run's database: `DATABASE_URL`'s, or a standby pair of its own.
+    database: Database,
+}
+
+/// Where the run's table lives.
+enum Database {
+    /// The server and database `DATABASE_URL` names.
+    Shared,
+    /// A primary and synchronous standby of the run's own, and which of the two is the
+    /// primary now (they swap at each failover).
+    Pair(StandbyPair, Server),
+}
+
+impl Database {
+    /// The URL of the primary now, for the run's own connections (not through the proxy).
+    fn url(&self) -> String {
+        match self {
+            Database::Shared => outbox_tests::database_url(),
+            Database::Pair(pair, primary) => pair.url(*primary),
+        }
+    }
+
+    async fn connect(&self) -> sqlx::PgConnection {
+        db::connect_to(&self.url()).await
+    }
 }
 
 impl Run {
@@ -281,6 +310,29 @@ async fn inject(
             let n = faults::pg_terminate(admin, &run.name).await?;
             (format!("{n} relay sessions terminated"), n.max(0) as u64)
         }
+        FaultKind::PgFailover => {
+            let Database::Pair(pair, primary) = &mut run.database else {
+                anyhow::bail!("pg-failover needs the run's own standby pair");
+            };
+            let old = *primary;
+            pair.stop(old, Stop::Immediate).await;
+            // What a failover manager takes to decide, then the promotion and the address.
+            let pause = Duration::from_millis(rng.random_range(500..1500));
+            tokio::time::sleep(pause).await;
+            pair.promote_server(old.other()).await;
+            stall.repoint(pair.addr(old.other()));
+            *primary = old.other();
+            *admin = db::connect_to(&pair.url(old.other())).await;
+            (
+                format!(
+                    "{} killed, {} promoted after {:.1} s and the address moved (the old primary rejoins as its standby)",
+                    old.name(),
+                    old.other().name(),
+                    pause.as_secs_f64()
+                ),
+                everyone,
+            )
+        }
         FaultKind::NetworkStall => {
             let pause = Duration::from_millis(rng.random_range(2000..5000));
             stall.stall_for(pause).await;
@@ -359,7 +411,17 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
     } else {
         Vec::new()
     };
-    let mut admin = db::connect().await;
+    let database = if kinds.contains(&FaultKind::PgFailover) {
+        let pair = StandbyPair::start().await;
+        println!(
+            "chaos: on a standby pair of the run's own (primary 127.0.0.1:{}, standby 127.0.0.1:{})",
+            pair.primary_port, pair.standby_port
+        );
+        Database::Pair(pair, Server::Primary)
+    } else {
+        Database::Shared
+    };
+    let mut admin = database.connect().await;
     create_table(&mut admin, &table).await?;
     let shape = RowShape {
         payload_bytes: 50,
@@ -392,7 +454,7 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
 
     // The relays reach the database of DATABASE_URL (host, port, database, user) through the
     // stalling proxy, under the run's application name so its sessions can be terminated.
-    let (proxied, stall) = proxy::start_for_url(&outbox_tests::database_url()).await?;
+    let (proxied, stall) = proxy::start_for_url(&database.url()).await?;
     let mut db_url = url::Url::parse(&proxied)?;
     // The logs are searched for the password. The user's own, or else one of the run's: trust
     // authentication ignores it.
@@ -422,6 +484,7 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         spawns: vec![0; relays],
         started: Instant::now(),
         ordering_args,
+        database,
     };
 
     let mut consumer = Command::new(std::env::current_exe()?)
@@ -452,6 +515,15 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         let (detail, workers_hit) = inject(&mut run, kind, &mut rng, &mut admin, &stall).await?;
         bound_workers += workers_hit;
         let recovery = run.recovery(Duration::from_secs(120)).await?;
+        if let Database::Pair(pair, primary) = &run.database
+            && kind == FaultKind::PgFailover
+        {
+            // The old primary comes back as the new one's standby, so the next failover has
+            // one to promote: a base backup, seconds, while the relays run on.
+            pair.rejoin(primary.other())
+                .await
+                .map_err(anyhow::Error::msg)?;
+        }
         println!(
             "  {at:7.1} s  {:<15} {detail}; flowing again after {}",
             kind.name(),
@@ -471,10 +543,11 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         || {
             let failed = run.failed_relay();
             let t = table.clone();
+            let url = run.database.url();
             async move {
                 match failed {
                     Some(error) => Err(error),
-                    None => Ok(db::pending(&mut db::connect().await, &t).await == 0),
+                    None => Ok(db::pending(&mut db::connect_to(&url).await, &t).await == 0),
                 }
             }
         },
@@ -594,14 +667,19 @@ async fn main() -> ExitCode {
             }
         };
     }
+    // A failover run's report beside the other's: `make chaos` runs both.
+    let stem = match cli.faults.iter().any(|f| f == FaultKind::PgFailover.name()) {
+        true => "report-pg-failover",
+        false => "report",
+    };
     match chaos(cli).await {
         Ok(report) => {
             let markdown = report.markdown();
             println!("\n{markdown}");
             let dir = process::target_dir().join("chaos");
-            let _ = std::fs::write(dir.join("report.md"), &markdown);
+            let _ = std::fs::write(dir.join(format!("{stem}.md")), &markdown);
             let _ = std::fs::write(
-                dir.join("report.json"),
+                dir.join(format!("{stem}.json")),
                 serde_json::to_string_pretty(&report).unwrap_or_default(),
             );
             if report.passed() {

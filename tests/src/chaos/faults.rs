@@ -16,15 +16,20 @@ pub enum FaultKind {
     PgTerminate,
     /// The TCP proxy between the relays and PostgreSQL stops forwarding for a while.
     NetworkStall,
+    /// The primary of the run's own standby pair killed (`-m immediate`), the standby promoted,
+    /// the relays' address (the proxy) moved to it, the old primary made again as its standby:
+    /// what a `-rw` Service or a cluster endpoint does in a failover.
+    PgFailover,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 5] = [
+    pub const ALL: [FaultKind; 6] = [
         FaultKind::Kill9,
         FaultKind::BrokerCut,
         FaultKind::BrokerRestart,
         FaultKind::PgTerminate,
         FaultKind::NetworkStall,
+        FaultKind::PgFailover,
     ];
 
     pub fn name(self) -> &'static str {
@@ -34,6 +39,7 @@ impl FaultKind {
             FaultKind::BrokerRestart => "broker-restart",
             FaultKind::PgTerminate => "pg-terminate",
             FaultKind::NetworkStall => "network-stall",
+            FaultKind::PgFailover => "pg-failover",
         }
     }
 

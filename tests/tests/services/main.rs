@@ -22,6 +22,7 @@ mod metrics_port;
 mod migration;
 mod multi_host;
 mod per_key_ordering;
+mod pg_failover;
 mod pgbouncer;
 mod publish_slots;
 mod relay_delivery;
