@@ -528,6 +528,7 @@ mod tests {
             has_attempts_column: true,
             dead_letter_exchange: true,
             publish_slots: None,
+            commit_timeout: crate::defaults::COMMIT_TIMEOUT,
         }
     }
 

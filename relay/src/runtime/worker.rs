@@ -122,6 +122,9 @@ impl<T> Link<T> {
     async fn ensure<E>(&mut self, connect: impl Future<Output = Result<T, E>>) -> Result<(), E> {
         if self.connection.is_none() {
             self.connection = Some(connect.await?);
+            if self.backoff.failures() > 0 {
+                info!("reconnected to {}", self.service);
+            }
         }
         self.flag.set(true);
         Ok(())
@@ -129,9 +132,6 @@ impl<T> Link<T> {
 
     /// A batch went through on this connection: the next failure backs off from the start.
     fn served(&mut self) {
-        if self.backoff.failures() > 0 {
-            info!("{} serves batches again", self.service);
-        }
         self.backoff.reset();
     }
 
@@ -161,7 +161,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
     let mut wake = ctx.wake.clone();
     let mut cursor = ClaimCursor::default();
     let mut lanes = ctx.lanes_of.as_deref().map(Lanes::new);
-    // Issue 44 (broker): the pause after the broker's nacks.
+    // The pause after the broker's nacks: its state, never the messages' fault.
     let mut nacks = NackPause::default();
 
     while !ctx.shutdown.is_cancelled() {

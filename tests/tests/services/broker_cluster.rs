@@ -343,9 +343,10 @@ async fn the_relay_moves_off_a_killed_broker_node() {
 /// the relay counted unconfirmed, not by one batch per worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_majority_lost_settles_nothing_until_it_returns() {
+    const ROWS: u64 = 40_000;
     let cluster = ClusterTest::start().await;
     let name = unique("qmajority");
-    let (table, mut conn) = attempts_table(&name, 20_000).await;
+    let (table, mut conn) = attempts_table(&name, ROWS).await;
     declare(&node_url(1), &name, quorum(&[])).await;
     let urls = all_nodes();
     let mut relay = process::spawn_relay(&name, &cluster_args(&name, &urls, "200"));
@@ -360,17 +361,20 @@ async fn a_quorum_majority_lost_settles_nothing_until_it_returns() {
     .await;
     assert!(
         wait::holds("relaying", Duration::from_secs(60), || async {
-            processed(&mut db::connect().await, &table).await >= 2_000
+            processed(&mut db::connect().await, &table).await >= 1_000
         })
         .await,
         "{}",
         relay.log_text()
     );
+    // A graceful stop waits for the node's VM to exit, seconds on a busy machine, while the
+    // relay goes on settling: the table holds enough rows to outlast both.
     for lost in (1..=3).filter(|&n| n != survivor) {
         node("stop", lost).await;
     }
-    // Confirms that were on their way settle their batch; then nothing may.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A batch published before the loss may still get confirms for what a majority had taken
+    // (seen: 11 rows 3 s after the stops) until its publish timeout (5 s); then nothing may.
+    tokio::time::sleep(Duration::from_secs(8)).await;
     let before = processed(&mut conn, &table).await;
     let outage = Instant::now();
     while outage.elapsed() < Duration::from_secs(20) {
@@ -382,7 +386,10 @@ async fn a_quorum_majority_lost_settles_nothing_until_it_returns() {
         );
         assert_eq!(refused_rows(&mut conn, &table).await, 0, "rows refused");
     }
-    assert!(before < 20_000, "the relay finished before the outage");
+    assert!(
+        before < ROWS as usize,
+        "the relay finished before the outage"
+    );
     services(&["rabbit-cluster"]).await;
     assert_delivered(
         "majority lost",
