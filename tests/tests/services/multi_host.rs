@@ -6,8 +6,6 @@
 use std::time::Duration;
 
 use lapin::ExchangeKind;
-use outbox_relay::table::OutboxTable;
-use outbox_relay::table::ident::TableName;
 use outbox_tests::db::{self, PrivateDatabase};
 use outbox_tests::{broker, http, metrics, process, unique, wait};
 
@@ -27,18 +25,6 @@ fn behind_a_dead_host(url: &str, query: &str) -> String {
         "{scheme}://{userinfo}@127.0.0.1:{},{host}/{path}{query}",
         closed_port()
     )
-}
-
-async fn outbox_in(database: &PrivateDatabase, rows: u64) -> OutboxTable {
-    let table = OutboxTable::new(TableName::parse("outbox").unwrap());
-    let mut conn = database.connect().await;
-    outbox_relay::tools::seed::create_table(&mut conn, &table)
-        .await
-        .unwrap();
-    outbox_relay::tools::seed::copy_rows(&mut conn, &table, rows, 50, |_| {})
-        .await
-        .unwrap();
-    table
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,7 +57,8 @@ async fn a_host_list_skips_a_dead_host_and_relays_everything() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_server_is_waited_out_with_its_state_named_once() {
     let database = PrivateDatabase::create("readonly").await;
-    let table = outbox_in(&database, 500).await;
+    let table = db::table("outbox");
+    db::seeded_table_in(&database.url, &table, 500).await;
     let mut admin = db::connect().await;
     db::exec(
         &mut admin,
