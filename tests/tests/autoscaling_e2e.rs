@@ -376,7 +376,23 @@ async fn a_spike_scales_up_within_one_polling_interval_drains_and_scales_down_af
         },
     )
     .await;
-    let asked = (first_spike.backlog as f64 / SPIKE_TARGET as f64).ceil() as i32;
+    // What the target asks for, from the backlog the operator itself saw (its status): the
+    // relay drains thousands of rows a second, so the report the operator reads at its next
+    // poll may already ask for one replica fewer than the first report that showed the spike.
+    let seen = wait_for(
+        "the operator's status to show the spike",
+        Duration::from_secs(60),
+        || async {
+            recorder
+                .snapshot()
+                .status
+                .into_iter()
+                .filter(|s| s.at >= spike_at)
+                .find_map(|s| s.backlog.filter(|b| *b > SPIKE_TARGET))
+        },
+    )
+    .await;
+    let asked = (seen as f64 / SPIKE_TARGET as f64).ceil() as i32;
     let asked = asked.clamp(1, 8);
     assert!(asked > 1, "the spike must ask for more than one pod");
 
