@@ -31,6 +31,27 @@ impl Health {
         *lock(&self.database) = outcome.err().and_then(database_problem_of);
     }
 
+    /// Records a database connect's outcome: its problem (as [`Health::database_connect`]) and
+    /// the `waiting` gauge (1 while only standbys answer). Returns the line to log when the
+    /// state is news to the process: the start-up check and every worker share one voice.
+    /// `doing` names the attempt, e.g. "cannot connect to PostgreSQL at start".
+    pub fn database_attempt(
+        &self,
+        outcome: Result<(), &ConnectFailure>,
+        waiting: &prometheus::IntGauge,
+        doing: &str,
+    ) -> Option<String> {
+        self.database_connect(outcome);
+        let read_only = matches!(outcome, Err(e) if e.kind == FailureKind::ReadOnly);
+        waiting.set(i64::from(read_only));
+        let e = outcome.err()?;
+        let state = match e.kind {
+            FailureKind::ReadOnly => format!("{e}; waiting for a primary"),
+            _ => format!("{doing}: {e}; retrying"),
+        };
+        self.database_said.should_say(&state).then_some(state)
+    }
+
     /// Shared by the tasks that connect to the database: a state they all meet is said once.
     pub fn database_said(&self) -> &Announcer {
         &self.database_said

@@ -14,9 +14,7 @@ use crate::broker::amqp10::{Amqp10Connector, Amqp10Settings};
 use crate::broker::nodes::NodeList;
 use crate::broker::{BrokerProtocol, Connector};
 use crate::config::RelayConfig;
-use crate::database::{
-    DatabaseTarget, FailureKind, PoolMode, TRANSACTION_POOLING, behind_transaction_pooling,
-};
+use crate::database::{DatabaseTarget, PoolMode, TRANSACTION_POOLING, behind_transaction_pooling};
 use crate::metrics::Metrics;
 use crate::protocol::batch::BatchSettings;
 use crate::runtime::backoff::Backoff;
@@ -73,20 +71,16 @@ async fn inspect_with_retry(
     loop {
         let refusals = &metrics.database_standby_refusals;
         let connected = crate::database::connect_counted(&config.db.database, refusals).await;
-        health.database_connect(connected.as_ref().map(|_| ()));
-        let read_only = matches!(&connected, Err(e) if e.kind == FailureKind::ReadOnly);
-        metrics
-            .database_waiting_for_primary
-            .set(i64::from(read_only));
+        let said = health.database_attempt(
+            connected.as_ref().map(|_| ()),
+            &metrics.database_waiting_for_primary,
+            "cannot connect to PostgreSQL at start",
+        );
         match connected {
             // Retried even when a setting is at fault: a CA or a password file may be fixed
             // while the relay waits, and the reason is on /readyz meanwhile.
             Err(e) => {
-                let state = match e.kind {
-                    FailureKind::ReadOnly => format!("{e}; waiting for a primary"),
-                    _ => format!("cannot connect to PostgreSQL at start: {e}; retrying"),
-                };
-                if health.database_said().should_say(&state) {
+                if let Some(state) = said {
                     warn!(database = %config.db.database, reason = e.kind.code(), "{state}");
                 }
             }

@@ -14,7 +14,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::broker::{ConnectError, Connector, Publisher};
 use crate::database::{
-    DatabaseTarget, FailureKind, TRANSACTION_POOLING, behind_transaction_pooling, server_gone,
+    DatabaseTarget, TRANSACTION_POOLING, behind_transaction_pooling, server_gone,
 };
 use crate::metrics::Metrics;
 use crate::protocol::batch::{BatchError, BatchSettings, run_batch};
@@ -169,18 +169,14 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         let connected = db
             .ensure(crate::database::connect_counted(&ctx.database, refusals))
             .await;
-        ctx.health.database_connect(connected.as_ref().map(|_| ()));
-        let read_only = matches!(&connected, Err(e) if e.kind == FailureKind::ReadOnly);
-        ctx.metrics
-            .database_waiting_for_primary
-            .set(i64::from(read_only));
+        let said = ctx.health.database_attempt(
+            connected.as_ref().map(|_| ()),
+            &ctx.metrics.database_waiting_for_primary,
+            "cannot connect to PostgreSQL",
+        );
         if let Err(e) = connected {
             let delay = db.next_delay();
-            let state = match e.kind {
-                FailureKind::ReadOnly => format!("{e}; waiting for a primary"),
-                _ => format!("cannot connect to PostgreSQL: {e}; retrying"),
-            };
-            if ctx.health.database_said().should_say(&state) {
+            if let Some(state) = said {
                 warn!(endpoint = %ctx.database, reason = e.kind.code(), retry_in_ms = delay.as_millis(), "{state}");
             }
             pause(&ctx.shutdown, delay).await;
