@@ -848,13 +848,14 @@ stop_private_artemis() {
 #   scripts/services.sh rabbit-cluster          start it (once made, joined; idempotent when up)
 #   scripts/services.sh rabbit-cluster-node stop|kill|start N
 #                                               stop one node gracefully, SIGKILL it, or start it
+#   scripts/services.sh rabbit-cluster-queue Q  wait until quorum queue Q has a leader and 3 members online
 #   scripts/services.sh stop-rabbit-cluster     stop every node
 # Nodes rt1..rt3@$(hostname -s), AMQP on 127.0.0.1:5782-5784, distribution on 25782-25784, data
 # under $OUTBOX_CACHE/rabbit-cluster, one HOME there for the shared Erlang cookie. The nodes run
 # /usr/lib/rabbitmq/bin/rabbitmq-server itself (the /usr/sbin wrapper switches user and writes
 # under /var/log), each with a config file of its own: the system's rabbitmq.conf pins 5672,
 # and in 3.10 listeners.tcp wins over RABBITMQ_NODE_PORT.
-RABBIT_CLUSTER_VERSION=1 # bumped when the set-up below changes: the cluster is then made again
+RABBIT_CLUSTER_VERSION=2 # bumped when the set-up below changes: the cluster is then made again
 rabbit_cluster_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/rabbit-cluster"
 rabbit_cluster_host=$(hostname -s)
 
@@ -912,6 +913,7 @@ rc_kill_node() {
 
 start_rabbit_cluster() {
   command -v /usr/lib/rabbitmq/bin/rabbitmq-server >/dev/null || install_missing
+  setup_services_address
   mkdir -p "$rabbit_cluster_dir"
   exec 9>"$rabbit_cluster_dir.lock"
   flock 9
@@ -926,7 +928,9 @@ start_rabbit_cluster() {
     chmod 400 "$rabbit_cluster_dir/home/.erlang.cookie"
     for n in 1 2 3; do
       mkdir -p "$rabbit_cluster_dir/rt$n"
-      printf '%s\n' "listeners.tcp.default = 127.0.0.1:$(rc_port "$n")" "loopback_users = none" \
+      # On the services address too, where the tests' pods reach the nodes.
+      printf '%s\n' "listeners.tcp.default = 127.0.0.1:$(rc_port "$n")" \
+        "listeners.tcp.pods = $SERVICES_ADDRESS:$(rc_port "$n")" "loopback_users = none" \
         "log.console = false" "log.file.level = warning" >"$rabbit_cluster_dir/rt$n/rabbitmq.conf"
       echo '[].' >"$rabbit_cluster_dir/rt$n/enabled_plugins"
     done
@@ -943,7 +947,43 @@ start_rabbit_cluster() {
   local pids=() n
   for n in 1 2 3; do rc_start_node "$n" & pids+=("$!"); done
   for n in "${pids[@]}"; do wait "$n" || exit 1; done
+  rc_await_cluster
   echo "RabbitMQ cluster: rt1..rt3@$rabbit_cluster_host on 127.0.0.1:5782-5784 (guest/guest) is up"
+}
+
+# A node answers on its AMQP port before its peers count it as running again (after a kill -9,
+# mnesia may even see a partition for a while). A quorum queue declared then gets members only on
+# the nodes seen running, and losing one of two loses its majority: wait until every node sees
+# all three running and no partition.
+rc_await_cluster() {
+  local n view try
+  for try in $(seq 1 120); do
+    [ "$try" = 1 ] || sleep 0.5
+    for n in 1 2 3; do
+      view=$(rc_ctl "$n" cluster_status --formatter json 2>/dev/null |
+        python3 -c 'import json,sys; d=json.load(sys.stdin); print(len(set(d.get("running_nodes", []))), len(d.get("partitions") or {}))' 2>/dev/null) || view=""
+      [ "$view" = "3 0" ] || continue 2
+    done
+    return 0
+  done
+  echo "RabbitMQ cluster: a node does not see the other two running, or sees a partition, after 60 s:" >&2
+  for n in 1 2 3; do rc_ctl "$n" cluster_status >&2 2>&1 || true; done
+  exit 1
+}
+
+# Waits until quorum queue $1 has a leader and all three members online (60 s at most).
+rc_await_queue() {
+  local state
+  for _ in $(seq 1 120); do
+    state=$(rc_ctl 1 list_queues name members online leader --formatter json 2>/dev/null |
+      python3 -c 'import json,sys
+q=[q for q in json.load(sys.stdin) if q["name"]==sys.argv[1]]
+print("members=%d online=%d leader=%s" % (len(q[0]["members"]), len(q[0]["online"]), q[0]["leader"]) if q else "missing")' "$1" 2>/dev/null) || state=""
+    case "$state" in "members=3 online=3 leader=rt"*) return 0 ;; esac
+    sleep 0.5
+  done
+  echo "quorum queue $1 is not on three nodes with a leader after 60 s: ${state:-no answer}" >&2
+  exit 1
 }
 
 # A PostgreSQL primary with a synchronous streaming standby, made fresh for one failover test
@@ -1175,6 +1215,7 @@ case "${1:-}" in
       *) echo "usage: $0 rabbit-cluster-node stop|kill|start 1|2|3" >&2; exit 2 ;;
     esac
     exit 0 ;;
+  rabbit-cluster-queue) rc_await_queue "${2:?usage: $0 rabbit-cluster-queue QUEUE}"; exit 0 ;;
   stop-rabbit-cluster) for n in 1 2 3; do rc_stop_node "$n"; done; exit 0 ;;
 esac
 
@@ -1184,7 +1225,7 @@ case "${1:-}" in
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
   standby-pair | standby-pair-*) standby_pair_command "$@"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | rabbit-cluster | rabbit-cluster-node stop|kill|start N | stop-rabbit-cluster | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR …]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR …]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two

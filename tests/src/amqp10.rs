@@ -22,14 +22,7 @@ pub const ARTEMIS_TLS_URL: &str = "amqps://sas-policy:k3y%2FWith%2BBase64%3D@127
 
 /// The CA that signed the TLS acceptor's certificate (scripts/services.sh writes it).
 pub fn artemis_ca() -> std::path::PathBuf {
-    let cache = std::env::var_os("OUTBOX_CACHE").map_or_else(
-        || {
-            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/outbox-relay")
-        },
-        std::path::PathBuf::from,
-    );
-    cache.join("artemis/tls-ca.pem")
+    crate::cache_dir().join("artemis/tls-ca.pem")
 }
 
 /// An ActiveMQ Artemis broker of one test's own (scripts/services.sh makes and starts it), so

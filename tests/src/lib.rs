@@ -19,6 +19,7 @@ pub mod ordering;
 pub mod pods;
 pub mod process;
 pub mod proxy;
+pub mod rabbit_cluster;
 pub mod scaling_recorder;
 pub mod services;
 pub mod standby;
@@ -28,7 +29,22 @@ pub mod wait;
 
 /// The repository's root folder (this crate sits in `tests/`).
 pub fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    // `cargo test` sets the variable for the run too. It wins over the compile-time value:
+    // cargo keys a path crate's build by its workspace-relative path, so a lib built in another
+    // checkout sharing the target folder is taken as fresh, with that checkout's path in it.
+    let manifest_dir =
+        std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    std::path::Path::new(&manifest_dir).join("..")
+}
+
+/// Where scripts/services.sh keeps what it makes (`$OUTBOX_CACHE`, by default
+/// `~/.cache/outbox-relay`).
+pub fn cache_dir() -> std::path::PathBuf {
+    match std::env::var_os("OUTBOX_CACHE") {
+        Some(cache) => cache.into(),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/outbox-relay"),
+    }
 }
 
 /// A short unique suffix for table, exchange and queue names, so tests never share data.

@@ -31,6 +31,25 @@ pub fn free_port() -> anyhow::Result<u16> {
     }
 }
 
+/// Runs `scripts/services.sh ARGS` (the one place that starts and stops servers); its stderr
+/// comes back in the error.
+pub async fn script(args: &[&str]) -> Result<(), String> {
+    let output = tokio::process::Command::new(crate::repo_root().join("scripts/services.sh"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("run scripts/services.sh: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "scripts/services.sh {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
 /// `url` as a pod reaches the same server: a loopback host (`127.0.0.1`, `::1`, `localhost`)
 /// becomes [`SERVICES_ADDRESS`]; user, password, port, database and parameters stay as they
 /// are (the URL is parsed, not edited as text). Any other host is left alone.

@@ -11,6 +11,8 @@ use std::os::fd::AsRawFd as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::services::script;
+
 /// The first port of the slots: the pairs take 5441–5480, beside every server
 /// `scripts/services.sh` starts (5432–5434, 54<major>, 5671–5675, 6432) and the RabbitMQ
 /// cluster's 5782–5784.
@@ -63,24 +65,6 @@ fn base_dir() -> PathBuf {
     std::env::temp_dir().join("outbox-standby")
 }
 
-/// Runs `scripts/services.sh ARGS`; its stderr comes back in the error.
-async fn services(args: &[&str]) -> Result<(), String> {
-    let output = tokio::process::Command::new(crate::repo_root().join("scripts/services.sh"))
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .map_err(|e| format!("run scripts/services.sh: {e}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "scripts/services.sh {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
-}
-
 /// True when nothing listens on 127.0.0.1:`port` now.
 fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
@@ -120,7 +104,7 @@ impl StandbyPair {
                 _slot: lock,
             };
             let dir = pair.dir_str().to_string();
-            services(&["standby-pair-drop", &dir])
+            script(&["standby-pair-drop", &dir])
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             // A port some other program holds: leave this slot to it.
@@ -128,7 +112,7 @@ impl StandbyPair {
                 continue;
             }
             let (p, s) = (pair.primary_port.to_string(), pair.standby_port.to_string());
-            services(&["standby-pair", &dir, &p, &s])
+            script(&["standby-pair", &dir, &p, &s])
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             return pair;
@@ -191,7 +175,7 @@ impl StandbyPair {
             Stop::Fast => "fast",
             Stop::Immediate => "immediate",
         };
-        services(&["standby-pair-stop", self.dir_str(), server.name(), mode])
+        script(&["standby-pair-stop", self.dir_str(), server.name(), mode])
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     }
@@ -199,7 +183,7 @@ impl StandbyPair {
     /// Starts `server` again (its data as it was left); returns once it accepts connections.
     /// Never the old primary after a promotion: a read-write client would find two primaries.
     pub async fn start_server(&self, server: Server) {
-        services(&["standby-pair-start", self.dir_str(), server.name()])
+        script(&["standby-pair-start", self.dir_str(), server.name()])
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     }
@@ -226,7 +210,7 @@ impl StandbyPair {
     /// `server` becomes a primary (after [`Self::rejoin`] the roles are swapped, so the server
     /// called primary may be the standby).
     pub async fn promote_server(&self, server: Server) {
-        services(&["standby-pair-promote", self.dir_str(), server.name()])
+        script(&["standby-pair-promote", self.dir_str(), server.name()])
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     }
@@ -235,7 +219,7 @@ impl StandbyPair {
     /// the other, which must be a primary, as its synchronous standby: the roles swap, each
     /// server keeps its name and port. Returns once the new standby is synchronous.
     pub async fn rejoin(&self, server: Server) -> Result<(), String> {
-        services(&["standby-pair-rejoin", self.dir_str(), server.name()]).await
+        script(&["standby-pair-rejoin", self.dir_str(), server.name()]).await
     }
 
     /// `pg_is_in_recovery()` of `server`.

@@ -18,12 +18,7 @@ pub const EXPIRED_PORT: u16 = 5434;
 
 /// Where services.sh keeps the CA, the server's and the client's certificates.
 pub fn dir() -> PathBuf {
-    match std::env::var_os("OUTBOX_CACHE") {
-        Some(cache) => PathBuf::from(cache).join("tls"),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/outbox-relay/tls")
-        }
-    }
+    crate::cache_dir().join("tls")
 }
 
 /// A file of the set-up, e.g. `ca.pem`, as text for a URL parameter.

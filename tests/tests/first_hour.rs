@@ -3,7 +3,6 @@
 //! against a sample from `config/samples/` whose URLs point at the local PostgreSQL and
 //! RabbitMQ, on the address the real node's pods reach them at.
 
-use std::path::Path;
 use std::time::Duration;
 
 use lapin::ExchangeKind;
@@ -20,8 +19,7 @@ fn for_pods(url: &str) -> String {
 /// them) and its table,
 /// exchange and Secret names made the test's own.
 fn orders_sample(table: &str, exchange: &str) -> String {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples/outboxrelay-orders.yaml");
+    let path = outbox_tests::repo_root().join("config/samples/outboxrelay-orders.yaml");
     let text = std::fs::read_to_string(path).unwrap();
     let mut out = String::new();
     for line in text.lines() {

@@ -43,7 +43,7 @@ fn for_pods(url: &str) -> String {
 
 /// `make TARGET` in the repository, for the cluster in `dir`: (succeeded, stdout, stderr).
 async fn make(target: &str, dir: &Path) -> (bool, String, String) {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let repo = outbox_tests::repo_root();
     let mut command = tokio::process::Command::new("make");
     command
         .args(["--no-print-directory", "-C"])

@@ -134,7 +134,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let dir = cli
         .dir
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.cache/cluster"));
+        .unwrap_or_else(|| outbox_tests::repo_root().join(".cache/cluster"));
     match prepare(&dir) {
         Ok(files) => {
             // SAFETY: no other thread runs yet (the runtime is built below), so nothing reads

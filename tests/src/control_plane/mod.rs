@@ -529,7 +529,7 @@ fn binaries(release: Release) -> anyhow::Result<PathBuf> {
     }
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BIN.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("control-plane/build.sh");
+        let script = crate::repo_root().join("tests/control-plane/build.sh");
         crate::process::path_printed_by(
             &script,
             &[release.module_dir().as_os_str()],

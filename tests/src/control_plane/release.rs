@@ -34,7 +34,7 @@ impl Release {
 
     /// The Go module that builds its binaries.
     pub fn module_dir(self) -> PathBuf {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("control-plane");
+        let root = crate::repo_root().join("tests/control-plane");
         match self {
             Release::Current => root,
             Release::Oldest => root.join("oldest"),

@@ -11,122 +11,19 @@
 
 use std::time::{Duration, Instant};
 
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::Ident;
 use outbox_tests::process::RelayProcess;
-use outbox_tests::{amqp10, broker, db, http, metrics, process, repo_root, unique, wait};
+use outbox_tests::rabbit_cluster::{
+    Lease, PORTS, all_nodes, declare, declare_quorum, node, node_url, quorum,
+};
+use outbox_tests::{amqp10, broker, db, http, metrics, process, unique, wait};
 use sqlx::PgConnection;
 
-/// One cluster test at a time: each stops nodes the others' relays stand on.
-static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-const PORTS: [u16; 3] = [5782, 5783, 5784];
 const BATCH: u64 = 200;
 const WORKERS: u64 = 2;
-
-fn node_url(node: usize) -> String {
-    format!("amqp://guest:guest@127.0.0.1:{}/%2f", PORTS[node - 1])
-}
-
-fn all_nodes() -> String {
-    (1..=3).map(node_url).collect::<Vec<_>>().join(",")
-}
-
-/// Runs `scripts/services.sh ARGS`, which must succeed.
-async fn services(args: &[&str]) {
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    let status = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(repo_root().join("scripts/services.sh"))
-            .args(&args)
-            .status()
-    })
-    .await
-    .unwrap()
-    .expect("run scripts/services.sh");
-    assert!(status.success(), "scripts/services.sh failed");
-}
-
-/// Held for a cluster test: the cluster is up with its three nodes at the start, and again at
-/// the end (a failed test included: the next one's start brings it back too).
-struct ClusterTest {
-    _lock: tokio::sync::MutexGuard<'static, ()>,
-}
-
-impl ClusterTest {
-    async fn start() -> Self {
-        let lock = CLUSTER.lock().await;
-        services(&["rabbit-cluster"]).await;
-        Self { _lock: lock }
-    }
-
-    async fn restore(self) {
-        services(&["rabbit-cluster"]).await;
-    }
-}
-
-async fn node(action: &str, node: usize) {
-    let started = Instant::now();
-    services(&["rabbit-cluster-node", action, &node.to_string()]).await;
-    eprintln!("node {node} {action}: {:?}", started.elapsed());
-}
-
-fn quorum(extra: &[(&str, AMQPValue)]) -> FieldTable {
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    for (key, value) in extra {
-        arguments.insert((*key).into(), value.clone());
-    }
-    arguments
-}
-
-/// Declares the fanout exchange `name` and its queue `name_q` (as [`broker::consume_at`]
-/// names it) with `arguments`, bound, on the broker at `url`: the relay may start before the
-/// consumer does.
-async fn declare(url: &str, name: &str, arguments: FieldTable) {
-    let connection = Connection::connect(url, ConnectionProperties::default())
-        .await
-        .expect("the broker answers");
-    let channel = connection.create_channel().await.unwrap();
-    let durable = ExchangeDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    channel
-        .exchange_declare(
-            name.into(),
-            ExchangeKind::Fanout,
-            durable,
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let queue = format!("{name}_q");
-    let options = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    channel
-        .queue_declare(queue.as_str().into(), options, arguments)
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            name.into(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let _ = connection.close(200, "declared".into()).await;
-}
 
 /// A table with the attempts column, seeded with `rows`.
 async fn attempts_table(name: &str, rows: u64) -> (OutboxTable, PgConnection) {
@@ -256,11 +153,11 @@ async fn assert_delivered(
 /// keeps relaying while the node is down: rows inserted after the loss are all delivered
 /// before it returns.
 async fn relay_moves_off_a_lost_node(kill: bool) {
-    let cluster = ClusterTest::start().await;
+    let cluster = Lease::take().await;
     let what = if kill { "node kill -9" } else { "node stop" };
     let name = unique(if kill { "qkill" } else { "qstop" });
     let (table, mut conn) = attempts_table(&name, 30_000).await;
-    declare(&node_url(1), &name, quorum(&[])).await;
+    declare_quorum(&name).await;
     let urls = all_nodes();
     let mut relay = process::spawn_relay(&name, &cluster_args(&name, &urls, "200"));
     let lost = relay_node(&relay).await;
@@ -344,10 +241,10 @@ async fn the_relay_moves_off_a_killed_broker_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_majority_lost_settles_nothing_until_it_returns() {
     const ROWS: u64 = 40_000;
-    let cluster = ClusterTest::start().await;
+    let cluster = Lease::take().await;
     let name = unique("qmajority");
     let (table, mut conn) = attempts_table(&name, ROWS).await;
-    declare(&node_url(1), &name, quorum(&[])).await;
+    declare_quorum(&name).await;
     let urls = all_nodes();
     let mut relay = process::spawn_relay(&name, &cluster_args(&name, &urls, "200"));
     let survivor = relay_node(&relay).await;
@@ -390,7 +287,7 @@ async fn a_quorum_majority_lost_settles_nothing_until_it_returns() {
         before < ROWS as usize,
         "the relay finished before the outage"
     );
-    services(&["rabbit-cluster"]).await;
+    cluster.bring_back().await;
     assert_delivered(
         "majority lost",
         &mut conn,

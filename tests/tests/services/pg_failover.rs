@@ -10,7 +10,7 @@ use lapin::ExchangeKind;
 use outbox_relay::table::OutboxTable;
 use outbox_tests::broker::Consumer;
 use outbox_tests::standby::{Server, StandbyPair, Stop};
-use outbox_tests::{broker, db, http, metrics, process, proxy, unique};
+use outbox_tests::{broker, db, http, metrics, process, proxy, unique, wait};
 
 const BATCH: u64 = 200;
 const WORKERS: u64 = 2;
@@ -207,6 +207,26 @@ async fn the_test_bed_replicates_synchronously_and_fails_over() {
     )
     .await;
     let mut standby = db::connect_to(&pair.standby_url()).await;
+    // A synchronous commit waits for the standby to flush the WAL (`synchronous_commit = on`),
+    // not to replay it: the table shows there a moment later.
+    let replayed = wait::holds(
+        "the standby replays the table",
+        Duration::from_secs(30),
+        || {
+            let url = pair.standby_url();
+            async move {
+                let mut standby = db::connect_to(&url).await;
+                db::scalar_i64(
+                    &mut standby,
+                    "SELECT count(*) FROM pg_class WHERE relname = 'bed'",
+                )
+                .await
+                    == 1
+            }
+        },
+    )
+    .await;
+    assert!(replayed, "the standby never showed the primary's table");
     let written = sqlx::query("INSERT INTO bed VALUES (2)")
         .execute(&mut standby)
         .await
