@@ -36,6 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WAITING = {
     "autoscaling_e2e": 215,
     "relay_pods_e2e": 62,
+    "failover_e2e": 57,
     "node_drain_e2e": 52,
     "amqp10_operator_e2e": 48,
     "make_cluster": 37,

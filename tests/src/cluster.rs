@@ -605,6 +605,13 @@ pub async fn create_connection_secrets(client: &Client, namespace: &str) {
 /// address, where the relay pods reach the same servers, and so does the operator.
 pub async fn create_url_secret(client: &Client, namespace: &str, name: &str, url: &str) {
     let url = url_for_pods(url).unwrap_or_else(|e| panic!("the URL of Secret {name}: {e:#}"));
+    create_url_secret_as_is(client, namespace, name, &url).await;
+}
+
+/// A Secret `name` holding `url` under the key `url`, written as given: for what
+/// [`url_for_pods`] does not parse (libpq's multi-host URLs, broker lists), made with the
+/// services address already.
+pub async fn create_url_secret_as_is(client: &Client, namespace: &str, name: &str, url: &str) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let secret = Secret {
         metadata: ObjectMeta {

@@ -3,7 +3,8 @@
 //!
 //! In manual mode the lag is still observed, so `kubectl get obr` shows the backlog. A lag that
 //! cannot be read does not stop the reconcile: the autoscaler knows what to do without it (its
-//! fallback), and the status says why.
+//! fallback), and the status says why. Two answers do stop it: the table claimed by another
+//! relay, and a database that is a read-only standby.
 
 use std::time::Duration;
 
@@ -72,6 +73,10 @@ pub async fn observe(
     let lag = match database.observe_lag(target, plan, query).await {
         // Another relay holds the table: this one must stop here, before it runs pods.
         Err(error @ Error::TableClaimed { .. }) => return Err(error),
+        // Only a read-only standby answers (a failover under way): no pod can settle a row
+        // either, so the reason outranks how far their rollout got. The round stops here,
+        // leaving the Deployment as it is, and is retried with backoff until a primary answers.
+        Err(error @ Error::DatabaseReadOnly(_)) => return Err(error),
         Err(error) => {
             tracing::warn!(%error, "lag not observed this round");
             Err(error.to_string())

@@ -472,3 +472,29 @@ async fn a_table_another_relay_holds_stalls_this_one_before_it_runs_pods() {
     );
     assert!(matches!(outcome.result, Err(Error::TableClaimed { .. })));
 }
+
+#[tokio::test]
+async fn a_read_only_standby_behind_the_url_makes_the_relay_not_ready_with_its_own_reason() {
+    let standby = "127.0.0.1:5433 is a read-only standby (in recovery); waiting for a primary";
+    let outcome = Scenario::new(orders_relay("outbox_messages"))
+        .migrated_before()
+        .database(|db| db.lag(|_| Err(Error::DatabaseReadOnly(standby.into()))))
+        .reads_secrets()
+        .finds_no_deployment()
+        .writes_status(|status| {
+            assert_conditions(status, &[(READY, "False", "DatabaseReadOnly")]);
+            let ready = message(status, READY);
+            assert!(ready.contains("read-only standby"), "{ready}");
+        })
+        .warning("DatabaseReadOnly", "waiting for a primary")
+        .run()
+        .await;
+    // Nothing written but the status: the pods wait for a primary as they are.
+    assert!(
+        !outcome
+            .seen
+            .iter()
+            .any(|e| e.uri.contains("/deployments") && e.method != http::Method::GET)
+    );
+    assert!(matches!(outcome.result, Err(Error::DatabaseReadOnly(_))));
+}
