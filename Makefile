@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
+.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release dist
 
 all: build
 
@@ -179,3 +179,10 @@ cluster-release:
 ## under .cache/image; with docker or podman when one works, else daemonless with buildah.
 image: release image-tools
 	BIN_DIR='$(BIN_DIR)' ./scripts/image.sh
+
+## dist: the release artifacts, published as users consume them (scripts/dist.sh): the image by
+## digest and the chart (oci://) in an OCI registry (DIST_REGISTRY; by default a local one on
+## 127.0.0.1:5050, started here), the image's CycloneDX SBOM, and, given COSIGN_KEY and
+## COSIGN_PASSWORD, cosign signatures of both and the SBOM as a signed attestation.
+dist: release image-tools
+	BIN_DIR='$(BIN_DIR)' ./scripts/dist.sh

@@ -19,6 +19,7 @@ pub mod ordering;
 pub mod pods;
 pub mod process;
 pub mod proxy;
+pub mod registry;
 pub mod scaling_recorder;
 pub mod services;
 pub mod standby;
