@@ -199,6 +199,11 @@ impl Version {
     }
 }
 
+/// `X.Y.Z`, without a pre-release part.
+fn is_release_version(text: &str) -> bool {
+    Version::parse(text).is_some_and(|v| v.pre.is_none())
+}
+
 /// One `## [...]` entry of the changelog.
 #[derive(Debug)]
 struct Entry {
@@ -209,8 +214,11 @@ struct Entry {
     sections: Vec<(String, usize)>,
 }
 
+/// A link reference at the end of the file: `[name]: url`.
+type Link = (String, String);
+
 /// The entries, top to bottom, and the link references; or what is malformed.
-fn parse_changelog(text: &str) -> Result<(Vec<Entry>, Vec<(String, String)>), Vec<String>> {
+fn parse_changelog(text: &str) -> Result<(Vec<Entry>, Vec<Link>), Vec<String>> {
     let mut problems = Vec::new();
     let mut entries: Vec<Entry> = Vec::new();
     let mut links = Vec::new();
@@ -275,7 +283,7 @@ fn parse_heading(heading: &str) -> Result<Entry, String> {
     let version = bracketed
         .strip_prefix('[')
         .and_then(|v| v.strip_suffix(']'))
-        .filter(|v| Version::parse(v).is_some_and(|v| v.pre.is_none()))
+        .filter(|v| is_release_version(v))
         .ok_or_else(|| format!("`## {heading}`: `{bracketed}` is not a [X.Y.Z] release version"))?;
     if !is_date(date) {
         return Err(format!("`## {heading}`: `{date}` is not a YYYY-MM-DD date"));
@@ -315,7 +323,7 @@ fn parse_record(text: &str) -> Result<Vec<Release>, Vec<String>> {
             problems.push(format!("{at}: `{line}` is not `VERSION COMMIT DATE`"));
             continue;
         };
-        if !Version::parse(version).is_some_and(|v| v.pre.is_none()) {
+        if !is_release_version(version) {
             problems.push(format!("{at}: `{version}` is not an X.Y.Z release version"));
         }
         if commit.len() != 40
