@@ -18,10 +18,11 @@
 #   scripts/services.sh standby-pair DIR PRIMARY_PORT STANDBY_PORT (and standby-pair-stop, -start,
 #                                     -promote, -rejoin, -drop): a PostgreSQL primary and synchronous standby
 #                                     of one test's own (see standby_pair below)
-#   scripts/services.sh registry [DIR PORT]
+#   scripts/services.sh registry [DIR PORT [ADDRESS]]
 #                                     start (installing Debian's docker-registry, once) an OCI registry
-#                                     storing under DIR, plain HTTP on 127.0.0.1:PORT; by default
-#                                     $HOME/.cache/outbox-relay/registry on port 5050 (make dist's)
+#                                     storing under DIR, plain HTTP on ADDRESS:PORT (127.0.0.1, or
+#                                     10.213.0.1 for the tests' node); by default
+#                                     $HOME/.cache/outbox-relay/registry on 127.0.0.1:5050 (make dist's)
 #   scripts/services.sh stop-registry [DIR]
 #                                     stop the registry of DIR (its pid file), keeping what it stores
 set -euo pipefail
@@ -1174,28 +1175,32 @@ standby_pair_command() {
 }
 
 # An OCI registry (Debian's docker-registry, the distribution project's registry 2.8) for
-# make dist and the tests that push to and pull from one: plain HTTP on loopback only, no
+# make dist and the tests that push to and pull from one: plain HTTP on loopback (or on the
+# address the tests' node reaches this host at, which nothing routes off the machine), no
 # authentication, its blobs under DIR/data. Started only when asked; one per DIR.
 REGISTRY_PORT=5050
 registry_dir_default="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/registry"
-registry_up() { curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$1/v2/" 2>/dev/null; }
+registry_up() { curl -fsS -o /dev/null --max-time 2 "http://$1/v2/" 2>/dev/null; }
 registry_pid() {
   local pid
   pid=$(cat "$1/registry.pid" 2>/dev/null) && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF "$1/config.yml" \
     && echo "$pid"
 }
 start_registry() {
-  local dir="$1" port="$2"
+  local dir="$1" port="$2" address="$3"
   case "$port" in '' | *[!0-9]*) echo "registry: the port must be a number, not '$port'" >&2; exit 2 ;; esac
+  case "$address" in 127.0.0.1 | "$SERVICES_ADDRESS") ;; *) echo "registry: listen on 127.0.0.1 or $SERVICES_ADDRESS, not '$address'" >&2; exit 2 ;; esac
+  [ "$address" = 127.0.0.1 ] || setup_services_address
+  local at="$address:$port"
   mkdir -p "$dir/data"
   dir=$(cd "$dir" && pwd)
   if registry_pid "$dir" >/dev/null; then
-    registry_up "$port" && { echo "services: the registry of $dir is up on 127.0.0.1:$port"; return 0; }
-    echo "registry: $dir's registry runs but does not answer on 127.0.0.1:$port (started on another port?); stop it with: $0 stop-registry $dir" >&2
+    registry_up "$at" && { echo "services: the registry of $dir is up on $at"; return 0; }
+    echo "registry: $dir's registry runs but does not answer on $at (started on another port?); stop it with: $0 stop-registry $dir" >&2
     exit 1
   fi
-  if registry_up "$port"; then
-    echo "registry: something else answers on 127.0.0.1:$port; pick another port" >&2
+  if registry_up "$at"; then
+    echo "registry: something else answers on $at; pick another port" >&2
     exit 1
   fi
   if ! command -v docker-registry >/dev/null || ! command -v curl >/dev/null; then
@@ -1222,7 +1227,7 @@ storage:
   delete:
     enabled: true
 http:
-  addr: 127.0.0.1:$port
+  addr: $at
   # One registry behind no balancer: a fixed secret only quiets its warning about a random one.
   secret: outbox-relay-local-registry
 YAML
@@ -1231,11 +1236,11 @@ YAML
   setsid docker-registry serve "$dir/config.yml" >>"$dir/registry.log" 2>&1 </dev/null &
   echo $! >"$dir/registry.pid"
   for _ in $(seq 1 100); do
-    registry_up "$port" && { echo "services: an OCI registry on 127.0.0.1:$port (plain HTTP), storing under $dir/data"; return 0; }
+    registry_up "$at" && { echo "services: an OCI registry on $at (plain HTTP), storing under $dir/data"; return 0; }
     registry_pid "$dir" >/dev/null || break
     sleep 0.1
   done
-  echo "registry: it did not answer on 127.0.0.1:$port; its log ($dir/registry.log) ends:" >&2
+  echo "registry: it did not answer on $at; its log ($dir/registry.log) ends:" >&2
   tail -n 20 "$dir/registry.log" >&2
   exit 1
 }
@@ -1251,7 +1256,7 @@ stop_registry() {
 }
 
 case "${1:-}" in
-  registry) start_registry "${2:-$registry_dir_default}" "${3:-$REGISTRY_PORT}"; exit 0 ;;
+  registry) start_registry "${2:-$registry_dir_default}" "${3:-$REGISTRY_PORT}" "${4:-127.0.0.1}"; exit 0 ;;
   stop-registry) stop_registry "${2:-$registry_dir_default}"; exit 0 ;;
 esac
 
@@ -1272,7 +1277,7 @@ case "${1:-}" in
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
   standby-pair | standby-pair-*) standby_pair_command "$@"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | rabbit-cluster | rabbit-cluster-node stop|kill|start N | stop-rabbit-cluster | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT] | stop-registry [DIR]]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | rabbit-cluster | rabbit-cluster-node stop|kill|start N | stop-rabbit-cluster | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR]]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two

@@ -11,32 +11,44 @@ use std::sync::OnceLock;
 
 use anyhow::{Context as _, bail};
 
+use crate::services::{self, SERVICES_ADDRESS};
 use crate::{process, repo_root};
 
 pub struct Registry {
     dir: PathBuf,
-    /// `127.0.0.1:PORT`.
+    /// `HOST:PORT`.
     pub address: String,
 }
 
 impl Registry {
     /// Starts a registry storing under `dir` on a free loopback port.
     pub fn start(dir: &Path) -> anyhow::Result<Registry> {
-        std::fs::create_dir_all(dir)?;
         let port = std::net::TcpListener::bind(("127.0.0.1", 0))?
             .local_addr()?
             .port();
+        Registry::start_at(dir, "127.0.0.1", port)
+    }
+
+    /// Starts a registry storing under `dir` on a free port of [`SERVICES_ADDRESS`], where the
+    /// tests' node (its containerd) reaches it.
+    pub fn start_for_node(dir: &Path) -> anyhow::Result<Registry> {
+        Registry::start_at(dir, &SERVICES_ADDRESS.to_string(), services::free_port()?)
+    }
+
+    fn start_at(dir: &Path, address: &str, port: u16) -> anyhow::Result<Registry> {
+        std::fs::create_dir_all(dir)?;
         let script = repo_root().join("scripts/services.sh");
         let output = Command::new(&script)
             .arg("registry")
             .arg(dir)
             .arg(port.to_string())
+            .arg(address)
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("run {}", script.display()))?;
         let registry = Registry {
             dir: dir.to_path_buf(),
-            address: format!("127.0.0.1:{port}"),
+            address: format!("{address}:{port}"),
         };
         if !output.status.success() {
             bail!(
@@ -140,6 +152,8 @@ pub fn run_dist(registry: &Registry, out: &Path, key: Option<&KeyPair>) -> anyho
     let mut command = Command::new(&script);
     command
         .env("DIST_REGISTRY", &registry.address)
+        // Both addresses it may listen on are this machine's own, never routed off it.
+        .env("DIST_PLAIN_HTTP", "1")
         .env("DIST_OUT", out)
         .env("BIN_DIR", process::target_dir())
         .env("CONTAINER_ENGINE", "buildah")
