@@ -19,6 +19,8 @@ use std::cmp::Ordering;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use base64::Engine as _;
+
 /// Keep a Changelog's section names, in its order.
 const SECTIONS: [&str; 6] = [
     "Added",
@@ -99,6 +101,43 @@ fn recorded_releases_are_in_the_clones_history() {
         "release: {} recorded commit(s) found in the history, each an ancestor of HEAD carrying its version",
         record.len()
     );
+}
+
+/// `release/cosign.pub` is what users verify with: a PEM public key of cosign's kind (ECDSA
+/// P-256, as `cosign generate-key-pair` makes), and no private key sits beside it.
+#[test]
+fn the_project_public_key_is_a_cosign_public_key() {
+    let release = root().join("release");
+    let pem = std::fs::read_to_string(release.join("cosign.pub")).expect("release/cosign.pub");
+    let body: String = pem
+        .trim()
+        .strip_prefix("-----BEGIN PUBLIC KEY-----")
+        .and_then(|rest| rest.strip_suffix("-----END PUBLIC KEY-----"))
+        .expect("release/cosign.pub is a PEM `PUBLIC KEY`")
+        .split_whitespace()
+        .collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .expect("its body is base64");
+    // SubjectPublicKeyInfo: id-ecPublicKey, prime256v1, an uncompressed point (65 bytes).
+    const P256_SPKI_PREFIX: [u8; 27] = [
+        0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08,
+        0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00, 0x04,
+    ];
+    assert_eq!(
+        der.len(),
+        91,
+        "an ECDSA P-256 public key is 91 bytes of DER"
+    );
+    assert_eq!(der[..27], P256_SPKI_PREFIX, "not an ECDSA P-256 public key");
+    for entry in std::fs::read_dir(&release).unwrap().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        assert!(
+            !text.contains("PRIVATE KEY"),
+            "{} holds a private key: it must never be in the repository",
+            entry.path().display()
+        );
+    }
 }
 
 fn root() -> PathBuf {
