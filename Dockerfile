@@ -4,7 +4,7 @@
 # The operator starts relay pods with its own image by default, so the operator and the relay it
 # runs are always the same version (one build, one tag, one scan).
 #
-#   docker build -t ghcr.io/outbox-relay/outbox-relay:0.1.0 .
+#   docker build -t ghcr.io/outbox-relay/outbox-relay:0.2.0-dev .
 #
 # This file builds from source and needs to pull the Rust image. With the binaries built already
 # (or no registry at hand), `make image` builds the same final stage from Containerfile.
@@ -28,7 +28,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 # --- final stage: the same in Dockerfile and Containerfile (chart-check compares them) ---
 FROM scratch
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0-dev
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="outbox-relay" \
       org.opencontainers.image.description="Transactional-outbox relay (PostgreSQL to RabbitMQ) and its Kubernetes operator" \

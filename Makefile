@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release
+.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release dist release-tools
 
 all: build
 
@@ -75,9 +75,11 @@ demo:
 ## Three things happen at once first: the control plane's Go build, the servers and tools
 ## (downloads, on a fresh machine), and lint with the release build of every test target. The Go
 ## and Rust builds fill each other's idle core; the downloads cost no CPU. Their lines interleave
-## (make's --output-sync would hold a build's lines back until it ends, minutes later).
+## (make's --output-sync would hold a build's lines back until it ends, minutes later). The
+## release tools (cosign, cargo-cyclonedx; built once, cached) take the first free slot, which
+## is usually the downloads': built here, not by the first test that runs make dist.
 test: node-check
-	@$(MAKE) --no-print-directory -j3 control-plane test-servers test-builds
+	@$(MAKE) --no-print-directory -j3 control-plane test-servers test-builds release-tools
 	@$(MAKE) --no-print-directory test-rust chart-check docs-check bench-smoke chaos-smoke fuzz SMOKE_BINARIES=test-rust
 
 ## test-servers: the servers and every tool the tests use, one after another (apt runs one at a time).
@@ -179,3 +181,16 @@ cluster-release:
 ## under .cache/image; with docker or podman when one works, else daemonless with buildah.
 image: release image-tools
 	BIN_DIR='$(BIN_DIR)' ./scripts/image.sh
+
+## release-tools: cosign v2 (Go module proxy) and cargo-cyclonedx (crates.io), which make dist
+## signs and describes the image with; built once each, cached under ~/.cache/outbox-relay/.
+release-tools:
+	@./scripts/cosign.sh >/dev/null
+	@./scripts/cyclonedx.sh >/dev/null
+
+## dist: the release artifacts, published as users consume them (scripts/dist.sh): the image by
+## digest and the chart (oci://) in an OCI registry (DIST_REGISTRY; by default a local one on
+## 127.0.0.1:5050, started here), the image's CycloneDX SBOM, and, given COSIGN_KEY and
+## COSIGN_PASSWORD, cosign signatures of both and the SBOM as a signed attestation.
+dist: release image-tools release-tools
+	BIN_DIR='$(BIN_DIR)' ./scripts/dist.sh

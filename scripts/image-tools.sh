@@ -5,6 +5,7 @@
 #   containerd (and its ctr)      the tests' Kubernetes node's container runtime
 #   containernetworking-plugins   its pod network (bridge, host-local, loopback in /usr/lib/cni)
 #   iptables                      kube-proxy's Service rules and the bridge's masquerade
+#   skopeo                        copies the image's OCI layout to a registry (make dist)
 set -euo pipefail
 
 missing=()
@@ -17,6 +18,7 @@ need runc runc
 need containerd containerd
 need containernetworking-plugins /usr/lib/cni/bridge
 need iptables iptables
+need skopeo skopeo
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 SUDO=""

@@ -42,6 +42,7 @@ WAITING = {
     "make_cluster": 37,
     "deletion_e2e": 34,
     "leader_election": 31,
+    "release_install_e2e": 28,
     "first_hour": 24,
     "secure_operator_e2e": 23,
     "vacuum_blocked_e2e": 20,

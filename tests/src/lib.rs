@@ -20,6 +20,7 @@ pub mod pods;
 pub mod process;
 pub mod proxy;
 pub mod rabbit_cluster;
+pub mod registry;
 pub mod scaling_recorder;
 pub mod services;
 pub mod standby;

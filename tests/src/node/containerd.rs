@@ -45,6 +45,50 @@ pub struct Cri {
     pub sandbox_image: String,
     pub cni: Cni,
     pub containerd: CriContainerd,
+    pub registry: CriRegistry,
+}
+
+/// Where the CRI plugin looks for a registry's settings: `<config_path>/<host:port>/hosts.toml`,
+/// read at each pull, so a test can add a registry to a running node.
+#[derive(Debug, Serialize)]
+pub struct CriRegistry {
+    pub config_path: PathBuf,
+}
+
+/// One registry's `hosts.toml`: pull from it over plain HTTP (containerd 1.6 would try HTTPS).
+#[derive(Debug, Serialize)]
+pub struct RegistryHosts {
+    pub server: String,
+    pub host: BTreeMap<String, RegistryHost>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RegistryHost {
+    pub capabilities: Vec<String>,
+}
+
+impl RegistryHosts {
+    /// The registry at `address` (`host:port`) over plain HTTP, for pulls only.
+    pub fn plain_http(address: &str) -> RegistryHosts {
+        let server = format!("http://{address}");
+        RegistryHosts {
+            host: BTreeMap::from([(
+                server.clone(),
+                RegistryHost {
+                    capabilities: vec!["pull".into(), "resolve".into()],
+                },
+            )]),
+            server,
+        }
+    }
+
+    /// Writes it where the CRI plugin of `config` looks for `address`.
+    pub fn write(&self, config: &Path, address: &str) -> anyhow::Result<()> {
+        let dir = config.join(address);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("hosts.toml"), toml::to_string(self)?)?;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -63,6 +107,11 @@ pub struct CriContainerd {
 #[derive(Debug, Serialize)]
 pub struct Runtime {
     pub runtime_type: String,
+}
+
+/// The registries' settings of the containerd under `dir`.
+pub fn registry_config_path(dir: &Path) -> PathBuf {
+    dir.join("certs.d")
 }
 
 /// The CNI plugins of Debian's containernetworking-plugins package.
@@ -97,6 +146,9 @@ impl ContainerdConfig {
                                 runtime_type: "io.containerd.runc.v2".into(),
                             },
                         )]),
+                    },
+                    registry: CriRegistry {
+                        config_path: registry_config_path(dir),
                     },
                 },
             },

@@ -303,6 +303,13 @@ impl Node {
             .with_context(|| format!("send {signal} to container {id}"))
     }
 
+    /// Lets the node's containerd pull from the registry at `address` (`host:port`) over plain
+    /// HTTP, as a cluster's nodes are configured for a private mirror.
+    pub fn trust_plain_http_registry(&self, address: &str) -> anyhow::Result<()> {
+        let config = containerd::registry_config_path(&self.dir.join("containerd"));
+        containerd::RegistryHosts::plain_http(address).write(&config, address)
+    }
+
     /// `program args…` run inside the node (its network, mounts and processes), to completion.
     pub fn run(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
         self.sandbox.run(program, args)
