@@ -92,8 +92,14 @@ for bin in outbox-relay outbox-operator; do
     strip -o "$out.tmp/bin/$bin" "$bin_dir/$bin"
 done
 
-# Its image, with its own script and Containerfile.
-layout="$(cd "$work/src" && BIN_DIR="$bin_dir" IMAGE_OUT="$out.tmp/image" \
+# Its image, with its own script and Containerfile. The script labels the image with
+# `git rev-parse HEAD` of its tree, which an exported tree has not: a repository of its own
+# whose HEAD is the release's commit (its objects borrowed from this clone) answers for it.
+git_dir="$work/git"
+git init -q --bare "$git_dir"
+(cd "$ROOT" && realpath "$(git rev-parse --git-common-dir)/objects") >"$git_dir/objects/info/alternates"
+git --git-dir="$git_dir" update-ref --no-deref HEAD "$COMMIT"
+layout="$(cd "$work/src" && GIT_DIR="$git_dir" BIN_DIR="$bin_dir" IMAGE_OUT="$out.tmp/image" \
     IMAGE="ghcr.io/outbox-relay/outbox-relay:$VERSION" ./scripts/image.sh)"
 rm -rf "$out.tmp/image/context"
 digest="$(cat "$out.tmp/image/digest")"

@@ -56,6 +56,18 @@ fn publish_previous(
     previous: &PreviousRelease,
     work: &Path,
 ) -> Published {
+    // Built from the release's commit, as its label says.
+    let config = std::process::Command::new("skopeo")
+        .args(["inspect", "--config"])
+        .arg(format!("oci:{}", previous.image_layout))
+        .output()
+        .expect("run skopeo");
+    let config: serde_json::Value = serde_json::from_slice(&config.stdout).unwrap_or_default();
+    assert_eq!(
+        config["config"]["Labels"]["org.opencontainers.image.revision"],
+        previous.commit.as_str(),
+        "the previous release's image"
+    );
     let image_repo = format!("{}/outbox-relay/outbox-relay", registry.address);
     let digest_file = work.join("previous.digest");
     let copied = std::process::Command::new("skopeo")
