@@ -109,6 +109,21 @@ async fn a_relay_of_the_previous_release_and_one_of_this_build_share_a_table_thr
         pod: format!("relay-{}", env!("CARGO_PKG_VERSION")),
     };
     assert_ne!(old.pod, new.pod, "the previous release is another version");
+    for (side, version) in [
+        (&old, previous.version.as_str()),
+        (&new, env!("CARGO_PKG_VERSION")),
+    ] {
+        let said = std::process::Command::new(&side.program)
+            .arg("--version")
+            .output()
+            .expect("run outbox-relay --version");
+        assert_eq!(
+            String::from_utf8_lossy(&said.stdout).trim(),
+            format!("outbox-relay {version}"),
+            "the {} relay",
+            side.label
+        );
+    }
     let mut old_relay = old.spawn(&name, &relay, 1);
     let mut new_relay = new.spawn(&name, &relay, 1);
 
