@@ -90,7 +90,7 @@ test-servers:
 
 ## test-builds: lint, then the release build of every target the tests run, then the previous
 ## release's (scripts/previous-release.sh: once per release, cached by its commit; seeded from
-## this build's dependencies, so it comes right after them and beside the Go build).
+## this build's dependencies, so it comes right after them, in the first step's Rust lane).
 test-builds: lint
 	$(CARGO) build --workspace --all-targets --release
 	@./scripts/previous-release.sh >/dev/null
