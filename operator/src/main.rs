@@ -29,9 +29,12 @@ enum Command {
     Run(RunArgs),
     /// Print the OutboxRelay CustomResourceDefinition as YAML.
     Crd,
-    /// Rewrite every OutboxRelay of the cluster at the CRD's storage version and bring the
-    /// CRD's status.storedVersions to that version alone (what the operator does at start when
-    /// it watches every namespace). Needs a cluster administrator's kubeconfig.
+    /// Rewrite every stored OutboxRelay at the CRD's storage version.
+    ///
+    /// Then set the CRD's status.storedVersions to that version alone, so that a later release
+    /// may stop serving an older one. The operator does this at start when it watches every
+    /// namespace; a namespaced operator cannot, so run this once as a cluster administrator
+    /// (it lists and updates OutboxRelays in every namespace and patches the CRD's status).
     MigrateStorage,
 }
 
