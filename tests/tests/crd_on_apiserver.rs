@@ -687,3 +687,27 @@ fn dropping_v1alpha1_is_refused_until_the_storage_migration_ran() {
     let _ = plane.kubectl_output(&["delete", "crd", &crd_name, "--wait=false"]);
     let _ = plane.kubectl_output(&["delete", "namespace", &ns, "--wait=false"]);
 }
+
+/// `outbox-operator migrate-storage`, the step a namespaced install leaves to an administrator:
+/// with this release's CRD just applied nothing is stored at v1alpha1, so it says so and
+/// leaves storedVersions at `["v1beta1"]`.
+#[test]
+fn migrate_storage_reports_what_it_did() {
+    let plane = plane_with_crd();
+    let output = std::process::Command::new(process::binary("outbox-operator"))
+        .arg("migrate-storage")
+        .env("KUBECONFIG", &plane.kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains(r#"storedVersions was ["v1beta1"]; 0 OutboxRelays rewritten; storedVersions is ["v1beta1"]"#),
+        "{stdout}"
+    );
+}
