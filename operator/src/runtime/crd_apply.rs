@@ -28,6 +28,11 @@ const SERVED_WITHIN: Duration = Duration::from_secs(60);
 /// Server-side applies `crd` (forcing ownership of its fields, so the CRD an earlier install
 /// created with `kubectl` or Helm is taken over) and waits until every version it serves is
 /// in the API server's discovery.
+///
+/// Server-side apply removes only what this field manager owned: a field or version that a
+/// later release drops, but that another manager also set (Helm's first install of
+/// `crds/`), would stay. No release drops one yet; the one that stops serving v1alpha1 must
+/// check the result, or replace the CRD's spec with an update instead.
 pub async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) -> anyhow::Result<()> {
     let name = crd
         .metadata
@@ -118,5 +123,110 @@ fn explain(error: kube::Error, name: &str) -> anyhow::Error {
              `outbox-operator crd | kubectl apply --server-side -f -`"
         ),
         _ => anyhow::Error::new(error).context(format!("apply the CRD {name}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Method, StatusCode};
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::test_support::api_server::{Reply, Step, finish, serve};
+    use crate::test_support::mock_service;
+
+    const CRD_PATH: &str =
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/outboxrelays.outboxrelay.io";
+
+    fn discovery(version: &str) -> Reply {
+        Reply::ok(json!({
+            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("outboxrelay.io/{version}"),
+            "resources": [{"name": "outboxrelays", "singularName": "outboxrelay", "namespaced": true,
+                           "kind": "OutboxRelay", "verbs": ["get", "list"]}],
+        }))
+    }
+
+    fn refusal(code: u16) -> Reply {
+        Reply {
+            status: StatusCode::from_u16(code).unwrap(),
+            body: json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                         "message": "customresourcedefinitions is forbidden", "code": code}),
+        }
+    }
+
+    #[tokio::test]
+    async fn applies_the_whole_crd_by_force_and_waits_until_each_version_is_served() {
+        let (service, handle) = mock_service::pair();
+        let client = Client::new(service, "default");
+        let server = serve(
+            handle,
+            vec![
+                Step::write(Method::PATCH, CRD_PATH, |body: &Value| {
+                    let names: Vec<&str> = body["spec"]["versions"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v["name"].as_str().unwrap())
+                        .collect();
+                    assert_eq!(names, ["v1beta1", "v1alpha1"]);
+                    assert_eq!(body["kind"], "CustomResourceDefinition");
+                }),
+                // The API server takes a moment to serve a new version.
+                Step::get("/apis/outboxrelay.io/v1beta1", Reply::not_found("", "")),
+                Step::get("/apis/outboxrelay.io/v1beta1", discovery("v1beta1")),
+                Step::get("/apis/outboxrelay.io/v1alpha1", discovery("v1alpha1")),
+            ],
+        );
+        apply_crd(&client, &crate::crd::crd()).await.unwrap();
+        drop(client);
+        let seen = finish(server).await;
+        assert!(
+            seen[0].uri.contains("fieldManager=outbox-operator")
+                && seen[0].uri.contains("force=true"),
+            "{}",
+            seen[0].uri
+        );
+    }
+
+    #[tokio::test]
+    async fn a_forbidden_apply_says_which_right_or_flag_fixes_it() {
+        let (service, handle) = mock_service::pair();
+        let client = Client::new(service, "default");
+        let server = serve(
+            handle,
+            vec![Step::new(Method::PATCH, CRD_PATH, |_| refusal(403))],
+        );
+        let error = apply_crd(&client, &crate::crd::crd()).await.unwrap_err();
+        drop(client);
+        finish(server).await;
+        let message = format!("{error:#}");
+        for part in [
+            "get and patch",
+            "crd.manage",
+            "--manage-crd=false",
+            "outbox-operator crd",
+        ] {
+            assert!(message.contains(part), "{part} missing: {message}");
+        }
+    }
+
+    #[tokio::test]
+    async fn without_managing_the_crd_an_old_one_stops_the_start_with_the_command_to_run() {
+        let (service, handle) = mock_service::pair();
+        let client = Client::new(service, "default");
+        let server = serve(
+            handle,
+            vec![Step::get(
+                "/apis/outboxrelay.io/v1beta1",
+                Reply::not_found("", ""),
+            )],
+        );
+        let error = check_served(&client).await.unwrap_err();
+        drop(client);
+        finish(server).await;
+        assert!(
+            format!("{error:#}").contains("outbox-operator crd | kubectl apply"),
+            "{error:#}"
+        );
     }
 }

@@ -214,3 +214,191 @@ async fn rewrite_one(
         resource.kind
     )
 }
+
+#[cfg(test)]
+mod tests {
+    //! The request sequences the real API server rarely produces: conflicts, deletions between
+    //! the list and the write, a second page, a CRD whose status changed under the patch.
+
+    use http::{Method, StatusCode};
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::crd::CRD_NAME;
+    use crate::test_support::api_server::{Reply, Step, finish, serve};
+    use crate::test_support::mock_service;
+
+    const CRD_PATH: &str =
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/outboxrelays.outboxrelay.io";
+    const LIST: &str = "/apis/outboxrelay.io/v1beta1/outboxrelays";
+
+    fn crd(stored: &[&str], resource_version: &str) -> Value {
+        let mut crd = serde_json::to_value(crate::crd::crd()).unwrap();
+        crd["metadata"]["resourceVersion"] = json!(resource_version);
+        crd["status"] = json!({"storedVersions": stored});
+        crd
+    }
+
+    fn relay(namespace: &str, name: &str, resource_version: &str) -> Value {
+        json!({
+            "apiVersion": "outboxrelay.io/v1beta1", "kind": "OutboxRelay",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+            "spec": {"database": {"urlSecretRef": {"name": "db"}}, "broker": {"urlSecretRef": {"name": "amqp"}}},
+        })
+    }
+
+    fn page(items: Vec<Value>, next: &str) -> Reply {
+        Reply::ok(json!({
+            "apiVersion": "outboxrelay.io/v1beta1", "kind": "OutboxRelayList",
+            "metadata": {"continue": next, "resourceVersion": "1"}, "items": items,
+        }))
+    }
+
+    fn status(code: u16, reason: &str) -> Reply {
+        Reply {
+            status: StatusCode::from_u16(code).unwrap(),
+            body: json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": reason, "reason": reason, "code": code,
+            }),
+        }
+    }
+
+    fn client() -> (Client, mock_service::Handle) {
+        let (service, handle) = mock_service::pair();
+        (Client::new(service, "default"), handle)
+    }
+
+    #[tokio::test]
+    async fn conflicts_are_read_again_deleted_objects_skipped_and_every_page_listed() {
+        let (client, handle) = client();
+        let server = serve(
+            handle,
+            vec![
+                Step::get(CRD_PATH, Reply::ok(crd(&["v1alpha1", "v1beta1"], "10"))),
+                Step::get(LIST, page(vec![relay("x", "a", "1")], "next-page")),
+                // Someone wrote `a` between the list and the rewrite: read it again.
+                Step::new(
+                    Method::PUT,
+                    "/apis/outboxrelay.io/v1beta1/namespaces/x/outboxrelays/a",
+                    |_| status(409, "Conflict"),
+                ),
+                Step::get(
+                    "/apis/outboxrelay.io/v1beta1/namespaces/x/outboxrelays/a",
+                    Reply::ok(relay("x", "a", "2")),
+                ),
+                Step::write(
+                    Method::PUT,
+                    "/apis/outboxrelay.io/v1beta1/namespaces/x/outboxrelays/a",
+                    |body| assert_eq!(body["metadata"]["resourceVersion"], "2"),
+                ),
+                Step::get(LIST, page(vec![relay("y", "b", "1")], "")),
+                // Deleted between the list and the rewrite: nothing to migrate.
+                Step::new(
+                    Method::PUT,
+                    "/apis/outboxrelay.io/v1beta1/namespaces/y/outboxrelays/b",
+                    |_| status(404, "NotFound"),
+                ),
+                // The API server's own controllers wrote the CRD's status meanwhile.
+                Step::new(Method::PATCH, format!("{CRD_PATH}/status"), |_| {
+                    status(409, "Conflict")
+                }),
+                Step::get(CRD_PATH, Reply::ok(crd(&["v1alpha1", "v1beta1"], "11"))),
+                Step::write(Method::PATCH, format!("{CRD_PATH}/status"), |body| {
+                    assert_eq!(body["status"]["storedVersions"], json!(["v1beta1"]));
+                    assert_eq!(body["metadata"]["resourceVersion"], "11");
+                }),
+            ],
+        );
+        let outcome = migrate_storage(&client, CRD_NAME, &Scope::Cluster)
+            .await
+            .unwrap();
+        drop(client);
+        let seen = finish(server).await;
+        assert_eq!(
+            outcome,
+            Outcome {
+                storage_version: "v1beta1".into(),
+                stored_before: vec!["v1alpha1".into(), "v1beta1".into()],
+                rewritten: 1,
+                stored_versions_updated: true,
+            }
+        );
+        assert!(seen[1].uri.contains("limit=200"), "{}", seen[1].uri);
+        assert!(
+            seen[5].uri.contains("continue=next-page"),
+            "{}",
+            seen[5].uri
+        );
+    }
+
+    #[tokio::test]
+    async fn watched_namespaces_are_rewritten_but_stored_versions_left_alone() {
+        let (client, handle) = client();
+        let server = serve(
+            handle,
+            vec![
+                Step::get(CRD_PATH, Reply::ok(crd(&["v1alpha1", "v1beta1"], "10"))),
+                Step::get(
+                    "/apis/outboxrelay.io/v1beta1/namespaces/team/outboxrelays",
+                    page(vec![relay("team", "a", "1")], ""),
+                ),
+                Step::write(
+                    Method::PUT,
+                    "/apis/outboxrelay.io/v1beta1/namespaces/team/outboxrelays/a",
+                    |_| {},
+                ),
+            ],
+        );
+        let scope = Scope::Namespaces(vec!["team".into()]);
+        let outcome = migrate_storage(&client, CRD_NAME, &scope).await.unwrap();
+        drop(client);
+        finish(server).await;
+        assert_eq!(outcome.rewritten, 1);
+        assert!(!outcome.stored_versions_updated);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_listed_when_only_the_storage_version_is_stored() {
+        let (client, handle) = client();
+        let server = serve(
+            handle,
+            vec![Step::get(CRD_PATH, Reply::ok(crd(&["v1beta1"], "10")))],
+        );
+        let outcome = migrate_storage(&client, CRD_NAME, &Scope::Cluster)
+            .await
+            .unwrap();
+        drop(client);
+        finish(server).await;
+        assert_eq!(outcome.rewritten, 0);
+    }
+
+    #[tokio::test]
+    async fn a_new_storage_version_during_the_migration_stops_it() {
+        let (client, handle) = client();
+        let mut moved = crd(&["v1alpha1", "v1beta1"], "11");
+        for version in moved["spec"]["versions"].as_array_mut().unwrap() {
+            version["storage"] = json!(version["name"] == "v1alpha1");
+        }
+        let server = serve(
+            handle,
+            vec![
+                Step::get(CRD_PATH, Reply::ok(crd(&["v1alpha1", "v1beta1"], "10"))),
+                Step::get(LIST, page(vec![], "")),
+                Step::new(Method::PATCH, format!("{CRD_PATH}/status"), |_| {
+                    status(409, "Conflict")
+                }),
+                Step::get(CRD_PATH, Reply::ok(moved)),
+            ],
+        );
+        let error = migrate_storage(&client, CRD_NAME, &Scope::Cluster)
+            .await
+            .unwrap_err();
+        drop(client);
+        finish(server).await;
+        assert!(
+            format!("{error:#}").contains("storage version of the CRD"),
+            "{error:#}"
+        );
+    }
+}
