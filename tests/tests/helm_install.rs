@@ -459,4 +459,18 @@ async fn the_operator_upgrades_the_crd_and_migrates_stored_relays_and_uninstall_
         .kubectl_ok(&["get", "obr", "-n", &team, "-o", "name"])
         .unwrap();
     assert_eq!(names.lines().count(), 2, "the OutboxRelays stay: {names}");
+
+    // Installing again over a CRD that differs from the chart's crds/ (here the previous
+    // chart's over this release's): Helm 4 applies crds/ on install, server-side and without
+    // force, so the fields the operator owns conflict. --skip-crds, as the install docs say,
+    // installs the release and leaves the CRD to the operator.
+    let mut again = install.clone();
+    let refused = helm::helm(&plane, &[&again[..], helm::wait_flags(&plane)].concat())
+        .expect_err("helm install over another release's CRD");
+    assert!(format!("{refused:#}").contains("conflict"), "{refused:#}");
+    again.push("--skip-crds");
+    helm::helm(&plane, &[&again[..], helm::wait_flags(&plane)].concat())
+        .expect("helm install --skip-crds");
+    let kept = api_versions::get_json(&plane, &["crd", crd_name]).unwrap();
+    api_versions::contains(&kept["spec"], &generated["spec"], "spec").unwrap();
 }
