@@ -2,6 +2,7 @@
 //! that records every message id, and real `outbox-relay` processes.
 
 pub mod amqp10;
+pub mod api_versions;
 pub mod broker;
 pub mod chaos;
 pub mod cluster;
