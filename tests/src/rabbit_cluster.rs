@@ -153,5 +153,11 @@ pub async fn declare(url: &str, name: &str, arguments: FieldTable) {
 /// two members, and losing one of two loses its majority.
 pub async fn declare_quorum(name: &str) {
     declare(&node_url(1), name, quorum(&[])).await;
-    services(&["rabbit-cluster-queue", &format!("{name}_q")]).await;
+    await_quorum(&format!("{name}_q")).await;
+}
+
+/// Waits until quorum queue `queue` has a leader and a member online on each node (60 s at
+/// most, then panics naming its state).
+pub async fn await_quorum(queue: &str) {
+    services(&["rabbit-cluster-queue", queue]).await;
 }
