@@ -13,6 +13,7 @@ pub mod health;
 pub mod helm;
 pub mod history;
 pub mod http;
+pub mod lock_file;
 pub mod metrics;
 pub mod node;
 pub mod oci;

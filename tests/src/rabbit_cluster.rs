@@ -3,7 +3,6 @@
 //! pods), a lease that gives one test at a time the right to stop its nodes, and quorum queues
 //! declared on all three nodes.
 
-use std::os::fd::AsRawFd as _;
 use std::time::Instant;
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
@@ -55,17 +54,7 @@ impl Lease {
             let dir = crate::cache_dir();
             std::fs::create_dir_all(&dir).expect("the cache folder");
             let path = dir.join("rabbit-cluster.tests.lock");
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-            // SAFETY: flock(2) takes a descriptor this File owns and plain flags. flock locks
-            // belong to the open file: two opens conflict even within one process.
-            let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
-            assert!(locked, "lock {}", path.display());
-            file
+            crate::lock_file::lock(&path, true).unwrap_or_else(|| panic!("lock {}", path.display()))
         })
         .await
         .expect("the lock task");

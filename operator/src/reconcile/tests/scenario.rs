@@ -49,6 +49,14 @@ impl Outcome {
         self.result.as_ref().expect_err("the reconcile failed")
     }
 
+    /// True when the reconcile wrote nothing to a Deployment (it may have read one).
+    pub fn left_the_deployment_alone(&self) -> bool {
+        !self
+            .seen
+            .iter()
+            .any(|e| e.uri.contains("/deployments") && e.method != Method::GET)
+    }
+
     pub fn migrations(&self) -> usize {
         let migrations = self.database.iter();
         migrations
