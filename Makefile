@@ -143,11 +143,12 @@ bench-smoke: services $(SMOKE_BINARIES)
 	$(BIN_DIR)/outbox-bench --smoke
 
 # Then the failover run: on a primary and synchronous standby of its own, failed over through one
-# address that moves (report-pg-failover.md beside report.md).
+# address that moves, and on the three-node RabbitMQ cluster, whose nodes 2 and 3 are stopped or
+# killed (report-failover.md beside report.md).
 CHAOS_FAILOVER_ARGS ?= --rows 200000
 chaos: services release
 	$(BIN_DIR)/outbox-chaos $(CHAOS_ARGS)
-	$(BIN_DIR)/outbox-chaos --faults pg-failover,kill-9,broker-cut,pg-terminate,network-stall $(CHAOS_FAILOVER_ARGS)
+	$(BIN_DIR)/outbox-chaos --faults pg-failover,broker-node-loss,kill-9,pg-terminate,network-stall $(CHAOS_FAILOVER_ARGS)
 
 ## chaos-smoke: a seconds-long chaos run, unordered and with per-key ordering.
 chaos-smoke: services $(SMOKE_BINARIES)

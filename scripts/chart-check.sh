@@ -273,6 +273,45 @@ def by_kind(docs, kind):
     return [d for d in docs if d.get("kind") == kind]
 
 
+CRD_NAME = "outboxrelays.outboxrelay.io"
+CRD_RULES = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "patch"}}
+CRD_STATUS_RULES = {("apiextensions.k8s.io", "customresourcedefinitions/status"): {"patch"}}
+
+
+def is_crd_rbac(doc):
+    return doc["metadata"]["name"].endswith("-crd")
+
+
+def operator_rbac(docs, kind):
+    """The one ClusterRole(Binding) of the operator's own rules (not the CRD's)."""
+    found = [d for d in by_kind(docs, kind) if not is_crd_rbac(d)]
+    assert len(found) == 1, f"expected one {kind} besides the CRD's, found {len(found)}"
+    return found[0]
+
+
+def check_crd_rbac(prefix, docs, cluster_wide):
+    """The operator applies its own CRD (crd.manage): a ClusterRole limited by resourceNames
+    to that CRD, get and patch, plus its status cluster-wide (storedVersions), bound to the
+    operator's ServiceAccount."""
+    def ok():
+        roles = [r for r in by_kind(docs, "ClusterRole") if is_crd_rbac(r)]
+        bindings = [b for b in by_kind(docs, "ClusterRoleBinding") if is_crd_rbac(b)]
+        assert len(roles) == 1 and len(bindings) == 1, (roles, bindings)
+        expected = {**CRD_RULES, **(CRD_STATUS_RULES if cluster_wide else {})}
+        got = {}
+        for rule in roles[0]["rules"]:
+            assert rule.get("resourceNames") == [CRD_NAME], rule
+            for group in rule["apiGroups"]:
+                for res in rule["resources"]:
+                    got.setdefault((group, res), set()).update(rule["verbs"])
+        assert got == expected, got
+        assert bindings[0]["roleRef"]["name"] == roles[0]["metadata"]["name"], bindings[0]
+        return True
+
+    attempt(f"{prefix}: the CRD's ClusterRole: get/patch of {CRD_NAME} only"
+            + (" and its status" if cluster_wide else ""), ok)
+
+
 def one(docs, kind):
     found = by_kind(docs, kind)
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
@@ -380,12 +419,14 @@ def chart_default(path):
                      and d["spec"]["strategy"]["type"] == "Recreate"
                      and not any(a.startswith("--namespace") for a in c["args"])) or c["args"])
     attempt(f"{p}: ClusterRole has exactly the contract's rules",
-            lambda: expect_rules(one(docs, "ClusterRole"), NAMESPACED_RULES))
+            lambda: expect_rules(operator_rbac(docs, "ClusterRole"), NAMESPACED_RULES))
     attempt(f"{p}: ClusterRoleBinding binds the ClusterRole to the operator's ServiceAccount",
-            lambda: (lambda b, sa: (b["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+            lambda: (lambda b, sa: (b["roleRef"]["name"] == operator_rbac(docs, "ClusterRole")["metadata"]["name"]
                                     and b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                                            "namespace": os.environ["RELEASE_NS"]}]) or b)(
-                one(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")))
+                operator_rbac(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")))
+    check_crd_rbac(p, docs, cluster_wide=True)
+    attempt(f"{p}: --manage-crd=true", lambda: "--manage-crd=true" in c["args"] or c["args"])
     attempt(f"{p}: no ServiceMonitor, PrometheusRule or dashboard ConfigMap unless enabled",
             lambda: not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PrometheusRule")
             and not by_kind(docs, "ConfigMap") or kinds)
@@ -427,8 +468,10 @@ def chart_ci(path, values_path):
             network_policies)
     attempt(f"{p}: one --namespace flag per watched namespace",
             lambda: [a.split("=", 1)[1] for a in c["args"] if a.startswith("--namespace=")] == namespaces or c["args"])
-    attempt(f"{p}: no ClusterRole or ClusterRoleBinding when namespaced",
-            lambda: not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding") or "found cluster-wide RBAC")
+    attempt(f"{p}: no cluster-wide RBAC when namespaced but the CRD's",
+            lambda: all(is_crd_rbac(r) for r in by_kind(docs, "ClusterRole") + by_kind(docs, "ClusterRoleBinding"))
+            or "found cluster-wide RBAC")
+    check_crd_rbac(p, docs, cluster_wide=False)
     roles = [r for r in by_kind(docs, "Role") if not r["metadata"]["name"].endswith("leader-election")]
     bindings = [b for b in by_kind(docs, "RoleBinding") if not b["metadata"]["name"].endswith("leader-election")]
     attempt(f"{p}: a Role and a RoleBinding in each of {namespaces}",
@@ -556,11 +599,14 @@ def config_manifests(path):
     docs = load(path)
     kinds = sorted(d["kind"] for d in docs)
     expected = sorted(["Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
-                       "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service"])
-    attempt(f"{p}: builds the namespace, CRD, RBAC and operator", lambda: kinds == expected or kinds)
+                       "ClusterRoleBinding", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                       "Deployment", "Service"])
+    attempt(f"{p}: builds the namespace, CRD, RBAC (the operator's and the CRD's) and operator",
+            lambda: kinds == expected or kinds)
     d, c = check_deployment_common(p, docs, IMAGE)
     attempt(f"{p}: ClusterRole has exactly the contract's rules",
-            lambda: expect_rules(one(docs, "ClusterRole"), NAMESPACED_RULES))
+            lambda: expect_rules(operator_rbac(docs, "ClusterRole"), NAMESPACED_RULES))
+    check_crd_rbac(p, docs, cluster_wide=True)
     check_leases(p, docs, "outbox-relay-system")
     attempt(f"{p}: the leader-election flags name the Lease's namespace",
             lambda: "--leader-election-namespace=outbox-relay-system" in c["args"] or c["args"])
@@ -588,8 +634,8 @@ def samples(directory):
                         f"{side}: Secret {ref['name']} has no key {key}"
 
             attempt(f"{p}/{f}: {relay['metadata']['name']}'s urlSecretRefs name Secrets and keys in the file", refs_resolve)
-            attempt(f"{p}/{f}: apiVersion outboxrelay.io/v1alpha1",
-                    lambda relay=relay: relay["apiVersion"] == "outboxrelay.io/v1alpha1" or relay["apiVersion"])
+            attempt(f"{p}/{f}: apiVersion outboxrelay.io/v1beta1",
+                    lambda relay=relay: relay["apiVersion"] == "outboxrelay.io/v1beta1" or relay["apiVersion"])
     attempt(f"{p}: one sample uses custom columns and delete mode",
             lambda: any(r["spec"].get("relay", {}).get("deliveryMode") == "delete" and r["spec"]["database"].get("columns")
                         for r in relays.values()) or "none")

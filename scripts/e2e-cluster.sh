@@ -116,7 +116,7 @@ log "Secrets and the OutboxRelay in $NS"
 "$KUBECTL" -n "$NS" create secret generic e2e-db --from-literal=url="$E2E_DATABASE_URL" >/dev/null
 "$KUBECTL" -n "$NS" create secret generic e2e-amqp --from-literal=url="$E2E_AMQP_URL" >/dev/null
 "$KUBECTL" -n "$NS" apply -f - <<YAML
-apiVersion: outboxrelay.io/v1alpha1
+apiVersion: outboxrelay.io/v1beta1
 kind: OutboxRelay
 metadata:
   name: $RELAY

@@ -49,8 +49,8 @@ WAITING = {
     "first_hour": 24,
     "secure_operator_e2e": 23,
     "vacuum_blocked_e2e": 20,
-    "helm_install": 11,
-    "crd_on_apiserver": 8,
+    "helm_install": 18,
+    "crd_on_apiserver": 10,
     "real_node": 8,
 }
 # The modules of the services binary that start their own servers (a RabbitMQ cluster, PostgreSQL

@@ -1,4 +1,4 @@
--- Argo CD health check for OutboxRelay (outboxrelay.io/v1alpha1), from the conditions the
+-- Argo CD health check for OutboxRelay (outboxrelay.io/v1beta1 and v1alpha1), from the conditions the
 -- operator writes after kstatus' conventions: Stalled=True is Degraded (a person must fix
 -- something; the message says what), Reconciling=True or a generation the operator has not
 -- seen yet is Progressing, Ready=True is Healthy. Install it with the snippet in the README

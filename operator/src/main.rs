@@ -1,12 +1,15 @@
-//! `outbox-operator`: `run` the controller, or print the `crd`.
+//! `outbox-operator`: `run` the controller, print the `crd`, or `migrate-storage`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand};
+use outbox_operator::crd::CRD_NAME;
 use outbox_operator::reconcile::Settings;
 use outbox_operator::reconcile::build::BuildSettings;
 use outbox_operator::runtime::run::{RunOptions, run};
+use outbox_operator::runtime::storage_migration::{Scope, migrate_storage};
 use outbox_operator::runtime::telemetry::{self, LogFormat};
 
 #[derive(Parser)]
@@ -26,6 +29,13 @@ enum Command {
     Run(RunArgs),
     /// Print the OutboxRelay CustomResourceDefinition as YAML.
     Crd,
+    /// Rewrite every stored OutboxRelay at the CRD's storage version.
+    ///
+    /// Then set the CRD's status.storedVersions to that version alone, so that a later release
+    /// may stop serving an older one. The operator does this at start when it watches every
+    /// namespace; a namespaced operator cannot, so run this once as a cluster administrator
+    /// (it lists and updates OutboxRelays in every namespace and patches the CRD's status).
+    MigrateStorage,
 }
 
 #[derive(clap::Args)]
@@ -66,6 +76,10 @@ struct RunArgs {
         env = "OUTBOX_OPERATOR_LEASE_NAME"
     )]
     lease_name: String,
+    /// Apply this release's CRD at start (server-side apply, as the leader) and rewrite stored
+    /// OutboxRelays at its storage version. Off: apply `outbox-operator crd` yourself.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, env = "OUTBOX_OPERATOR_MANAGE_CRD")]
+    manage_crd: bool,
     /// Relay image for OutboxRelays that name none. Default: this operator's own image.
     #[arg(long, env = "OUTBOX_OPERATOR_RELAY_IMAGE")]
     relay_image: Option<String>,
@@ -107,6 +121,17 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             print!("{}", outbox_operator::crd::crd_yaml());
             Ok(())
         }
+        Command::MigrateStorage => {
+            let client = kube::Client::try_default()
+                .await
+                .context("no Kubernetes configuration found (in-cluster or kubeconfig)")?;
+            let outcome = migrate_storage(&client, CRD_NAME, &Scope::Cluster).await?;
+            println!(
+                "storedVersions was {:?}; {} OutboxRelays rewritten; storedVersions is [{:?}]",
+                outcome.stored_before, outcome.rewritten, outcome.storage_version
+            );
+            Ok(())
+        }
         Command::Run(args) => {
             telemetry::init(args.log_format);
             let mut build = BuildSettings::default();
@@ -119,6 +144,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 leader_election: args.leader_election,
                 leader_election_namespace: args.leader_election_namespace,
                 lease_name: args.lease_name,
+                manage_crd: args.manage_crd,
                 settings: Settings {
                     build,
                     resync_after: args.resync_interval,

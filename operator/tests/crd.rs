@@ -46,7 +46,8 @@ fn crd_has_the_promised_shape() {
     assert_eq!(crd["spec"]["names"]["shortNames"][0], "obr");
     assert_eq!(crd["spec"]["scope"], "Namespaced");
     let version = &crd["spec"]["versions"][0];
-    assert_eq!(version["name"], "v1alpha1");
+    assert_eq!(version["name"], "v1beta1");
+    assert_eq!(version["storage"], true);
     let scale = &version["subresources"]["scale"];
     assert_eq!(scale["specReplicasPath"], ".spec.replicas");
     assert_eq!(scale["statusReplicasPath"], ".status.replicas");
@@ -62,6 +63,41 @@ fn crd_has_the_promised_shape() {
         &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"];
     assert_eq!(conditions["x-kubernetes-list-type"], "map");
     assert_eq!(conditions["x-kubernetes-list-map-keys"][0], "type");
+}
+
+/// v1beta1 is stored; v1alpha1 is still served, deprecated with a warning, with the very same
+/// schema, subresources and columns (which is why the CRD has no conversion webhook: the API
+/// server converts between equal schemas by rewriting `apiVersion`).
+#[test]
+fn v1alpha1_is_served_deprecated_with_the_same_schema_as_v1beta1() {
+    let crd: Value = serde_yaml::from_str(&crd_yaml()).unwrap();
+    let versions = crd["spec"]["versions"].as_array().unwrap();
+    let names: Vec<&str> = versions
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["v1beta1", "v1alpha1"]);
+    let (beta, alpha) = (&versions[0], &versions[1]);
+    assert_eq!(
+        (&beta["served"], &beta["storage"], beta.get("deprecated")),
+        (&Value::Bool(true), &Value::Bool(true), None)
+    );
+    assert_eq!(
+        (&alpha["served"], &alpha["storage"], &alpha["deprecated"]),
+        (&Value::Bool(true), &Value::Bool(false), &Value::Bool(true))
+    );
+    let warning = alpha["deprecationWarning"].as_str().unwrap();
+    assert!(warning.contains("outboxrelay.io/v1beta1"), "{warning}");
+    for part in ["schema", "subresources", "additionalPrinterColumns"] {
+        assert_eq!(
+            alpha[part], beta[part],
+            "{part} differs between the versions"
+        );
+    }
+    assert!(
+        crd["spec"].get("conversion").is_none(),
+        "no conversion: strategy None is the API server's default"
+    );
 }
 
 /// The OutboxRelay documents of every sample file (Secrets and kustomizations are skipped).
@@ -204,7 +240,7 @@ fn every_sample_validates_against_the_schema_and_the_operator() {
 
 fn minimal_relay() -> Value {
     serde_json::json!({
-        "apiVersion": "outboxrelay.io/v1alpha1",
+        "apiVersion": "outboxrelay.io/v1beta1",
         "kind": "OutboxRelay",
         "metadata": {"name": "orders"},
         "spec": {

@@ -2,6 +2,7 @@
 //! that records every message id, and real `outbox-relay` processes.
 
 pub mod amqp10;
+pub mod api_versions;
 pub mod broker;
 pub mod chaos;
 pub mod cluster;
@@ -12,6 +13,7 @@ pub mod health;
 pub mod helm;
 pub mod history;
 pub mod http;
+pub mod lock_file;
 pub mod metrics;
 pub mod node;
 pub mod oci;

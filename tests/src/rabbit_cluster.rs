@@ -3,7 +3,6 @@
 //! pods), a lease that gives one test at a time the right to stop its nodes, and quorum queues
 //! declared on all three nodes.
 
-use std::os::fd::AsRawFd as _;
 use std::time::Instant;
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
@@ -55,17 +54,7 @@ impl Lease {
             let dir = crate::cache_dir();
             std::fs::create_dir_all(&dir).expect("the cache folder");
             let path = dir.join("rabbit-cluster.tests.lock");
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-            // SAFETY: flock(2) takes a descriptor this File owns and plain flags. flock locks
-            // belong to the open file: two opens conflict even within one process.
-            let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
-            assert!(locked, "lock {}", path.display());
-            file
+            crate::lock_file::lock(&path, true).unwrap_or_else(|| panic!("lock {}", path.display()))
         })
         .await
         .expect("the lock task");
@@ -153,5 +142,11 @@ pub async fn declare(url: &str, name: &str, arguments: FieldTable) {
 /// two members, and losing one of two loses its majority.
 pub async fn declare_quorum(name: &str) {
     declare(&node_url(1), name, quorum(&[])).await;
-    services(&["rabbit-cluster-queue", &format!("{name}_q")]).await;
+    await_quorum(&format!("{name}_q")).await;
+}
+
+/// Waits until quorum queue `queue` has a leader and a member online on each node (60 s at
+/// most, then panics naming its state).
+pub async fn await_quorum(queue: &str) {
+    services(&["rabbit-cluster-queue", queue]).await;
 }

@@ -7,7 +7,6 @@
 //! pair lives, so tests (and other test processes) run pairs side by side without meeting.
 
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -71,19 +70,9 @@ fn port_free(port: u16) -> bool {
 }
 
 /// Locks slot `slot`'s file without waiting; `None` when another pair (of this process or
-/// another) holds it. flock locks belong to the open file, so two opens conflict even in one
-/// process, and the lock goes with the process that held it.
+/// another) holds it.
 fn lock_slot(slot: u16) -> Option<std::fs::File> {
-    let path = base_dir().join(format!("slot-{slot}.lock"));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    // SAFETY: flock(2) takes a descriptor this File owns and plain flags.
-    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
-    locked.then_some(file)
+    crate::lock_file::lock(&base_dir().join(format!("slot-{slot}.lock")), false)
 }
 
 impl StandbyPair {

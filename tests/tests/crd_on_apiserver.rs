@@ -1,12 +1,16 @@
 //! The CRD on a real kube-apiserver: accepted as a structural schema with its CEL rules (and
 //! their cost budget), documented for `kubectl explain`, the samples apply, and every kind of
-//! bad OutboxRelay is refused by the server with a message that names the field.
+//! bad OutboxRelay is refused by the server with a message that names the field. Both served
+//! versions carry every field, the deprecated one with a warning, and a stored version can be
+//! dropped only once the operator's storage migration ran.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
+use outbox_operator::runtime::storage_migration::{Scope, migrate_storage};
 use outbox_tests::control_plane::ControlPlane;
-use outbox_tests::{process, unique};
+use outbox_tests::{api_versions, process, unique};
 
 fn repo(path: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
@@ -161,7 +165,7 @@ fn the_samples_apply_with_kustomize() {
 /// A valid OutboxRelay with `spec_extra` merged into its spec (YAML fragment, indented).
 fn relay(name: &str, spec: &str) -> String {
     format!(
-        "apiVersion: outboxrelay.io/v1alpha1
+        "apiVersion: outboxrelay.io/v1beta1
 kind: OutboxRelay
 metadata:
   name: {name}
@@ -404,4 +408,306 @@ fn invalid_outbox_relays_are_refused_with_the_field_named() {
         .kubectl_ok(&["get", "obr", "-n", &ns, "-o", "name"])
         .unwrap();
     assert_eq!(names.trim(), "outboxrelay.outboxrelay.io/valid");
+}
+
+/// The fixture's two OutboxRelays set every field of the schema (Kubernetes' own types once
+/// each): a field added to the CRD without a value there fails here, so the round trip below
+/// covers it too.
+#[test]
+fn the_every_field_fixture_sets_every_field() {
+    let crd: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo("crds/outboxrelays.yaml")).unwrap())
+            .unwrap();
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+    let mut fields = BTreeSet::new();
+    api_versions::schema_leaves(
+        &schema["spec"],
+        "spec",
+        api_versions::KUBERNETES_TYPES,
+        &mut fields,
+    );
+    api_versions::schema_leaves(&schema["status"], "status", &[], &mut fields);
+    assert!(fields.len() > 100, "{fields:?}");
+    // A leaf of the schema (a map such as podLabels included) is a leaf of the values too.
+    let leaves: Vec<&str> = fields.iter().map(String::as_str).collect();
+    let mut set = BTreeSet::new();
+    for relay in api_versions::every_field_relays() {
+        api_versions::value_leaves(&relay["spec"], "spec", &leaves, &mut set);
+    }
+    let status = api_versions::every_status_field();
+    api_versions::value_leaves(&status["status"], "status", &leaves, &mut set);
+    let missing: Vec<&String> = fields.difference(&set).collect();
+    assert!(
+        missing.is_empty(),
+        "tests/fixtures lacks a value for {missing:#?}"
+    );
+    let unknown: Vec<&String> = set.difference(&fields).collect();
+    assert!(
+        unknown.is_empty(),
+        "tests/fixtures sets fields the CRD lacks: {unknown:#?}"
+    );
+}
+
+/// Every field written through the deprecated v1alpha1 reads back the same through v1beta1
+/// (the storage version) and through v1alpha1, and the other way round; v1alpha1's requests
+/// carry the deprecation warning, v1beta1's none; `kubectl get obr` picks v1beta1.
+#[test]
+fn every_field_round_trips_through_both_versions_and_v1alpha1_warns() {
+    let plane = plane_with_crd();
+    let ns = namespace(plane, "versions");
+    let fixture = std::fs::read_to_string(api_versions::every_field_path()).unwrap();
+    let (ok, out) =
+        api_versions::kubectl_stdin(plane, &["apply", "--validate=strict", "-n", &ns], &fixture);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!(
+            "Warning: {}",
+            outbox_operator::crd::DEPRECATION_WARNING
+        )),
+        "kubectl shows no deprecation warning for v1alpha1:\n{out}"
+    );
+    let status = api_versions::every_status_field();
+    let relays = api_versions::every_field_relays();
+    for relay in &relays {
+        let name = relay["metadata"]["name"].as_str().unwrap();
+        let (ok, out) = plane
+            .kubectl_output(&[
+                "patch",
+                &format!("outboxrelays.v1alpha1.outboxrelay.io/{name}"),
+                "-n",
+                &ns,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &status.to_string(),
+            ])
+            .map(|(ok, stdout, stderr)| (ok, stdout + &stderr))
+            .unwrap();
+        assert!(ok, "{out}");
+        let alpha = api_versions::get_json(
+            plane,
+            &[
+                &format!("outboxrelays.v1alpha1.outboxrelay.io/{name}"),
+                "-n",
+                &ns,
+            ],
+        )
+        .unwrap();
+        let beta = api_versions::get_json(
+            plane,
+            &[
+                &format!("outboxrelays.v1beta1.outboxrelay.io/{name}"),
+                "-n",
+                &ns,
+            ],
+        )
+        .unwrap();
+        assert_eq!(alpha["apiVersion"], "outboxrelay.io/v1alpha1");
+        assert_eq!(beta["apiVersion"], "outboxrelay.io/v1beta1");
+        for part in ["spec", "status"] {
+            assert_eq!(
+                alpha[part], beta[part],
+                "{name}: {part} differs between the versions"
+            );
+        }
+        // What was written is what is read (plus the defaults the server filled in).
+        api_versions::contains(&beta["spec"], &relay["spec"], "spec")
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        api_versions::contains(&beta["status"], &status["status"], "status")
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The typed client (the operator's) reads every field at v1beta1.
+        let typed: outbox_operator::OutboxRelay = serde_json::from_value(beta.clone())
+            .unwrap_or_else(|e| panic!("{name}: the operator cannot read it: {e}"));
+        let spec = serde_json::to_value(&typed.spec).unwrap();
+        api_versions::contains(&spec, &relay["spec"], "spec")
+            .unwrap_or_else(|e| panic!("{name} through the operator's type: {e}"));
+        let preferred = plane
+            .kubectl_ok(&[
+                "get",
+                "obr",
+                name,
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.apiVersion}",
+            ])
+            .unwrap();
+        assert_eq!(preferred, "outboxrelay.io/v1beta1");
+
+        // The other way: written through v1beta1 (no warning), read through v1alpha1.
+        let mut copy = relay.clone();
+        copy["apiVersion"] = "outboxrelay.io/v1beta1".into();
+        copy["metadata"]["name"] = format!("{name}-beta").into();
+        let (ok, out) = api_versions::kubectl_stdin(
+            plane,
+            &["create", "--validate=strict", "-n", &ns],
+            &copy.to_string(),
+        );
+        assert!(ok, "{out}");
+        assert!(!out.contains("Warning"), "a warning for v1beta1: {out}");
+        let back = api_versions::get_json(
+            plane,
+            &[
+                &format!("outboxrelays.v1alpha1.outboxrelay.io/{name}-beta"),
+                "-n",
+                &ns,
+            ],
+        )
+        .unwrap();
+        assert_eq!(back["apiVersion"], "outboxrelay.io/v1alpha1");
+        assert_eq!(
+            back["spec"], beta["spec"],
+            "{name}: written at v1beta1, read at v1alpha1"
+        );
+    }
+    // `kubectl get` lists them through either version.
+    for resource in [
+        "outboxrelays.v1alpha1.outboxrelay.io",
+        "outboxrelays.v1beta1.outboxrelay.io",
+    ] {
+        let names = plane
+            .kubectl_ok(&["get", resource, "-n", &ns, "-o", "name"])
+            .unwrap();
+        assert_eq!(names.lines().count(), 4, "{resource}: {names}");
+    }
+    let _ = plane.kubectl_output(&["delete", "namespace", &ns, "--wait=false"]);
+}
+
+/// A CRD whose storedVersions still names v1alpha1 cannot drop it (the API server refuses);
+/// after the operator's storage migration rewrote every object, it can. On a CRD of its own
+/// group (the real one is shared by this binary's tests), with the operator's migration code.
+#[test]
+fn dropping_v1alpha1_is_refused_until_the_storage_migration_ran() {
+    let plane = ControlPlane::shared();
+    let group = format!("{}.example.com", unique("migrate").replace('_', "-"));
+    let previous = std::fs::read_to_string(api_versions::previous_crd_path()).unwrap();
+    let (old_crd, crd_name) = api_versions::renamed_crd(&previous, &group);
+    let (ok, out) =
+        api_versions::kubectl_stdin(plane, &["apply", "--server-side"], &old_crd.to_string());
+    assert!(ok, "{out}");
+    api_versions::wait_served(plane, &group, "v1alpha1").unwrap();
+    let ns = namespace(plane, "migrate");
+    let object = |name: &str, version: &str| {
+        relay(name, BASE)
+            .replace(
+                "apiVersion: outboxrelay.io/v1beta1",
+                &format!("apiVersion: {group}/{version}"),
+            )
+            .replace(
+                "kind: OutboxRelay",
+                &format!("kind: {}", api_versions::RENAMED_KIND),
+            )
+    };
+    let (ok, out) =
+        api_versions::kubectl_stdin(plane, &["create", "-n", &ns], &object("old", "v1alpha1"));
+    assert!(ok, "{out}");
+
+    // This release's CRD: v1beta1 stored; storedVersions now names both.
+    let (new_crd, _) = api_versions::renamed_crd(&outbox_operator::crd::crd_yaml(), &group);
+    let (ok, out) =
+        api_versions::kubectl_stdin(plane, &["apply", "--server-side"], &new_crd.to_string());
+    assert!(ok, "{out}");
+    api_versions::wait_served(plane, &group, "v1beta1").unwrap();
+    let (ok, out) =
+        api_versions::kubectl_stdin(plane, &["create", "-n", &ns], &object("new", "v1beta1"));
+    assert!(ok, "{out}");
+    assert_eq!(
+        api_versions::stored_versions(plane, &crd_name).unwrap(),
+        ["v1alpha1", "v1beta1"]
+    );
+
+    // A later release that serves v1beta1 only is refused while v1alpha1 may still be in etcd.
+    let mut later = new_crd.clone();
+    later["spec"]["versions"] = serde_json::Value::Array(
+        later["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["name"] == "v1beta1")
+            .cloned()
+            .collect(),
+    );
+    let (ok, out) =
+        api_versions::kubectl_stdin(plane, &["apply", "--server-side"], &later.to_string());
+    assert!(!ok, "dropping a stored version was accepted: {out}");
+    // 1.34 says "must appear in spec.versions", 1.37 "missing from spec.versions; v1alpha1 was
+    // previously a storage version, and must remain in spec.versions until a storage
+    // migration ...".
+    assert!(
+        out.contains(r#"status.storedVersions[0]: Invalid value: "v1alpha1""#)
+            && out.contains("spec.versions"),
+        "{out}"
+    );
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let outcome = runtime
+        .block_on(async {
+            let client = plane.admin_client().await?;
+            migrate_storage(&client, &crd_name, &Scope::Cluster).await
+        })
+        .unwrap();
+    assert_eq!(outcome.stored_before, ["v1alpha1", "v1beta1"]);
+    assert_eq!(outcome.storage_version, "v1beta1");
+    assert_eq!(outcome.rewritten, 2, "{outcome:?}");
+    assert!(outcome.stored_versions_updated);
+    assert_eq!(
+        api_versions::stored_versions(plane, &crd_name).unwrap(),
+        ["v1beta1"]
+    );
+    // Nothing left to do the second time.
+    let again = runtime
+        .block_on(async {
+            let client = plane.admin_client().await?;
+            migrate_storage(&client, &crd_name, &Scope::Cluster).await
+        })
+        .unwrap();
+    assert_eq!(again.rewritten, 0, "{again:?}");
+
+    let (ok, out) =
+        api_versions::kubectl_stdin(plane, &["apply", "--server-side"], &later.to_string());
+    assert!(
+        ok,
+        "v1alpha1 could not be dropped after the migration: {out}"
+    );
+    for name in ["old", "new"] {
+        let read = api_versions::get_json(
+            plane,
+            &[
+                &format!("{}.v1beta1.{group}/{name}", api_versions::RENAMED_PLURAL),
+                "-n",
+                &ns,
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            read["spec"]["database"]["table"], "outbox_messages",
+            "{read}"
+        );
+    }
+    let _ = plane.kubectl_output(&["delete", "crd", &crd_name, "--wait=false"]);
+    let _ = plane.kubectl_output(&["delete", "namespace", &ns, "--wait=false"]);
+}
+
+/// `outbox-operator migrate-storage`, the step a namespaced install leaves to an administrator:
+/// with this release's CRD just applied nothing is stored at v1alpha1, so it says so and
+/// leaves storedVersions at `["v1beta1"]`.
+#[test]
+fn migrate_storage_reports_what_it_did() {
+    let plane = plane_with_crd();
+    let output = std::process::Command::new(process::binary("outbox-operator"))
+        .arg("migrate-storage")
+        .env("KUBECONFIG", &plane.kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains(r#"storedVersions was ["v1beta1"]; 0 OutboxRelays rewritten; storedVersions is ["v1beta1"]"#),
+        "{stdout}"
+    );
 }

@@ -1,5 +1,6 @@
 //! The chart with the real helm on the real control plane: `helm install` cluster-wide and
-//! with `watchNamespaces`, `helm upgrade`, `helm uninstall`; the operator running with the
+//! with `watchNamespaces`, `helm upgrade`, `helm uninstall`; an install over the previous
+//! release's CRD, which the operator upgrades (and migrates the stored relays); the operator running with the
 //! chart's ServiceAccount token reconciles what its RBAC covers, leaves the rest alone, and
 //! is never denied a request (the API server's audit log says so).
 //!
@@ -22,7 +23,7 @@ use outbox_tests::cluster::{
     install_chart_cluster_wide, refusals, relay_spec,
 };
 use outbox_tests::control_plane::ControlPlane;
-use outbox_tests::{db, helm, unique};
+use outbox_tests::{api_versions, db, helm, unique};
 
 fn fresh_namespace(plane: &ControlPlane, prefix: &str) -> String {
     let ns = unique(prefix).replace('_', "-");
@@ -294,4 +295,182 @@ async fn namespaced_install_leaves_other_namespaces_alone_without_a_denied_reque
     for ns in [&release_ns, &watched, &other] {
         let _ = plane.kubectl_output(&["delete", "namespace", ns, "--wait=false"]);
     }
+}
+
+/// An upgrade from the release before v1beta1: its chart installed the CRD of then (v1alpha1
+/// only), and OutboxRelays are stored at v1alpha1. `helm upgrade` to this chart leaves the CRD
+/// as it was (Helm never upgrades `crds/`: helm #8668); the operator, once leader, applies its
+/// own, rewrites the relays at v1beta1 and brings `storedVersions` to `["v1beta1"]`, without a
+/// refused request. Then `helm uninstall` leaves the CRD and the relays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_upgrades_the_crd_and_migrates_stored_relays_and_uninstall_keeps_them() {
+    let plane = ControlPlane::start().expect("a control plane of this test's own");
+    let crd_name = outbox_operator::crd::CRD_NAME;
+    let system = fresh_namespace(&plane, "system");
+    // The previous release's chart: this one with the CRD of then in its crds/.
+    let previous_chart = plane.dir().join("chart-previous");
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(helm::chart_dir())
+        .arg(&previous_chart)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    std::fs::copy(
+        api_versions::previous_crd_path(),
+        previous_chart.join("crds/outboxrelays.yaml"),
+    )
+    .unwrap();
+    let values = [
+        format!("fullnameOverride={OPERATOR_NAME}"),
+        "replicaCount=0".to_string(),
+        "leaderElection.enabled=true".to_string(),
+    ];
+    let mut install = vec![
+        "install",
+        OPERATOR_NAME,
+        previous_chart.to_str().unwrap(),
+        "-n",
+        &system,
+    ];
+    for value in &values {
+        install.extend(["--set", value.as_str()]);
+    }
+    helm::helm(&plane, &[&install[..], helm::wait_flags(&plane)].concat())
+        .expect("helm install of the previous chart");
+    api_versions::wait_served(&plane, "outboxrelay.io", "v1alpha1").unwrap();
+    let team = fresh_namespace(&plane, "team");
+    let fixture = std::fs::read_to_string(api_versions::every_field_path()).unwrap();
+    let (ok, out) = api_versions::kubectl_stdin(&plane, &["create", "-n", &team], &fixture);
+    assert!(ok, "{out}");
+    let before: Vec<serde_json::Value> = api_versions::every_field_relays()
+        .iter()
+        .map(|relay| {
+            let name = relay["metadata"]["name"].as_str().unwrap();
+            api_versions::get_json(&plane, &["obr", name, "-n", &team]).unwrap()
+        })
+        .collect();
+    assert_eq!(
+        api_versions::stored_versions(&plane, crd_name).unwrap(),
+        ["v1alpha1"]
+    );
+
+    let chart = helm::chart_dir();
+    let upgrade = [
+        "upgrade",
+        OPERATOR_NAME,
+        chart.to_str().unwrap(),
+        "-n",
+        &system,
+        "--reuse-values",
+    ];
+    helm::helm(&plane, &[&upgrade[..], helm::wait_flags(&plane)].concat())
+        .expect("helm upgrade to this chart");
+    let crd = api_versions::get_json(&plane, &["crd", crd_name]).unwrap();
+    assert_eq!(
+        crd["spec"]["versions"].as_array().unwrap().len(),
+        1,
+        "helm upgrade changed the CRD (it never does: helm #8668)"
+    );
+
+    let operator = OperatorProcess::start(
+        &plane,
+        &system,
+        "",
+        "crd-upgrade",
+        &["--leader-election=true"],
+    )
+    .await
+    .unwrap();
+    let migrated = outbox_tests::wait::holds(
+        "the operator applied its CRD and migrated the stored relays",
+        Duration::from_secs(90),
+        || async {
+            api_versions::stored_versions(&plane, crd_name).ok()
+                == Some(vec!["v1beta1".to_string()])
+        },
+    )
+    .await;
+    assert!(
+        migrated,
+        "storedVersions: {:?}\n{}",
+        api_versions::stored_versions(&plane, crd_name),
+        operator.log_text()
+    );
+    // The cluster's CRD is this release's: everything the generated one says (the API server
+    // adds its defaults around it).
+    let generated = serde_json::to_value(outbox_operator::crd::crd()).unwrap();
+    let cluster = api_versions::get_json(&plane, &["crd", crd_name]).unwrap();
+    api_versions::contains(&cluster["spec"], &generated["spec"], "spec")
+        .unwrap_or_else(|e| panic!("the cluster's CRD is not this release's: {e}"));
+    let served: Vec<&str> = cluster["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(served, ["v1beta1", "v1alpha1"]);
+    // Every relay kept its spec and generation, read through the new version.
+    for old in &before {
+        let name = old["metadata"]["name"].as_str().unwrap();
+        let now = api_versions::get_json(
+            &plane,
+            &[
+                &format!("outboxrelays.v1beta1.outboxrelay.io/{name}"),
+                "-n",
+                &team,
+            ],
+        )
+        .unwrap();
+        assert_eq!(now["spec"], old["spec"], "{name}");
+        assert_eq!(
+            now["metadata"]["generation"], old["metadata"]["generation"],
+            "{name}"
+        );
+    }
+    let log = operator.log_text();
+    assert!(log.contains("applied this release's CRD"), "{log}");
+    assert!(
+        log.contains("rewrote every OutboxRelay at the storage version"),
+        "{log}"
+    );
+    operator.stop().await;
+    let refused = refusals(&plane, &system, OPERATOR_NAME);
+    assert!(refused.is_empty(), "the API server refused: {refused:#?}");
+    let writes = accepted_writes(&plane, &system, OPERATOR_NAME);
+    for resource in [
+        "customresourcedefinitions",
+        "customresourcedefinitions/status",
+        "outboxrelays",
+    ] {
+        assert!(
+            writes.contains(resource),
+            "no {resource} write in {writes:?}"
+        );
+    }
+
+    // helm uninstall: the CRD (this release's, applied by the operator) and the relays stay.
+    let uninstall: [&str; 4] = ["uninstall", OPERATOR_NAME, "-n", &system];
+    helm::helm(&plane, &[&uninstall[..], helm::wait_flags(&plane)].concat())
+        .expect("helm uninstall");
+    let after = api_versions::get_json(&plane, &["crd", crd_name]).expect("the CRD stays");
+    api_versions::contains(&after["spec"], &generated["spec"], "spec").unwrap();
+    let names = plane
+        .kubectl_ok(&["get", "obr", "-n", &team, "-o", "name"])
+        .unwrap();
+    assert_eq!(names.lines().count(), 2, "the OutboxRelays stay: {names}");
+
+    // Installing again over a CRD that differs from the chart's crds/ (here the previous
+    // chart's over this release's): Helm 4 applies crds/ on install, server-side and without
+    // force, so the fields the operator owns conflict. --skip-crds, as the install docs say,
+    // installs the release and leaves the CRD to the operator.
+    let mut again = install.clone();
+    let refused = helm::helm(&plane, &[&again[..], helm::wait_flags(&plane)].concat())
+        .expect_err("helm install over another release's CRD");
+    assert!(format!("{refused:#}").contains("conflict"), "{refused:#}");
+    again.push("--skip-crds");
+    helm::helm(&plane, &[&again[..], helm::wait_flags(&plane)].concat())
+        .expect("helm install --skip-crds");
+    let kept = api_versions::get_json(&plane, &["crd", crd_name]).unwrap();
+    api_versions::contains(&kept["spec"], &generated["spec"], "spec").unwrap();
 }

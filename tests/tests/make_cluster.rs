@@ -192,7 +192,7 @@ fn printed_kubectl(stdout: &str) -> PathBuf {
 /// and `exchange`.
 fn readme_relay(table: &str, exchange: &str) -> String {
     format!(
-        "apiVersion: outboxrelay.io/v1alpha1
+        "apiVersion: outboxrelay.io/v1beta1
 kind: OutboxRelay
 metadata:
   name: orders

@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Affinity, LocalObjectReference, ResourceRequirements, Toleration, TopologySpreadConstraint,
 };
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, CustomResourceDefinitionVersion,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
@@ -33,12 +36,44 @@ pub const TABLE_PATTERN: &str = r"^([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Z
 /// Durations as Go and Kubernetes users write them: `200ms`, `10s`, `5m`, `168h`, `1h30m`.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
 
-/// The CustomResourceDefinition generated from the Rust types, as one YAML document: what
-/// `outbox-operator crd` prints and what `crds/outboxrelays.yaml` holds. It sat in a child
-/// module, which needed `OutboxRelay` from here while this module re-exported its function: an
-/// import circle (tests/tests/imports.rs).
+/// The version the API server stores, and the one this operator reads and writes.
+pub const STORAGE_VERSION: &str = "v1beta1";
+/// The first version, still served so that manifests and clients written for it keep working,
+/// and marked deprecated (see docs/reference/api-policy.md for how long it stays).
+pub const DEPRECATED_VERSION: &str = "v1alpha1";
+/// What `kubectl` prints (a `Warning:` line) and every client receives in a `Warning` header
+/// on each request through the deprecated version.
+pub const DEPRECATION_WARNING: &str = "outboxrelay.io/v1alpha1 OutboxRelay is deprecated; use outboxrelay.io/v1beta1 (the same schema: change the apiVersion only)";
+/// The CRD's name on the cluster (`plural.group`).
+pub const CRD_NAME: &str = "outboxrelays.outboxrelay.io";
+
+/// The CustomResourceDefinition: `v1beta1` served and stored, `v1alpha1` served and deprecated.
+///
+/// The two versions have the same schema: v1beta1 promised stability for the fields as they
+/// stood, so nothing was renamed or removed at the move. Hence one Rust type (at v1beta1),
+/// its generated version copied under the old name, and no conversion: strategy None, under
+/// which the API server only rewrites `apiVersion` between them. A later version that changes
+/// a field needs a type of its own and a conversion webhook that round-trips every field.
+pub fn crd() -> CustomResourceDefinition {
+    let mut crd = OutboxRelay::crd();
+    let current = crd.spec.versions[0].clone();
+    let deprecated = CustomResourceDefinitionVersion {
+        name: DEPRECATED_VERSION.to_string(),
+        served: true,
+        storage: false,
+        deprecated: Some(true),
+        deprecation_warning: Some(DEPRECATION_WARNING.to_string()),
+        ..current.clone()
+    };
+    crd.spec.versions = vec![current, deprecated];
+    crd
+}
+
+/// [`crd`] as one YAML document: what `outbox-operator crd` prints and what
+/// `crds/outboxrelays.yaml` holds. It sat in a child module, which needed `OutboxRelay` from
+/// here while this module re-exported its function: an import circle (tests/tests/imports.rs).
 pub fn crd_yaml() -> String {
-    serde_yaml::to_string(&OutboxRelay::crd()).expect("a CRD always serializes to YAML")
+    serde_yaml::to_string(&crd()).expect("a CRD always serializes to YAML")
 }
 
 /// Desired state of an outbox relay: where the outbox table is, where messages go, how the
@@ -48,7 +83,7 @@ pub fn crd_yaml() -> String {
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "outboxrelay.io",
-    version = "v1alpha1",
+    version = "v1beta1",
     kind = "OutboxRelay",
     plural = "outboxrelays",
     shortname = "obr",

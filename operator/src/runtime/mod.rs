@@ -3,7 +3,9 @@
 //! knows about this.
 
 pub mod controller;
+pub mod crd_apply;
 pub mod leader;
 pub mod run;
 pub mod server;
+pub mod storage_migration;
 pub mod telemetry;

@@ -11,11 +11,14 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
+use crate::crd::{self, CRD_NAME};
 use crate::metrics::Metrics;
 use crate::reconcile::{Context, Settings};
 use crate::runtime::controller::run_controller;
+use crate::runtime::crd_apply::{apply_crd, check_served};
 use crate::runtime::leader::{LeaseSettings, release, try_acquire_or_renew};
 use crate::runtime::server::{ServerState, serve};
+use crate::runtime::storage_migration::{Scope, migrate_storage};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -26,6 +29,9 @@ pub struct RunOptions {
     /// Namespace of the Lease; default: $POD_NAMESPACE, else the client's namespace.
     pub leader_election_namespace: Option<String>,
     pub lease_name: String,
+    /// Apply this release's CRD and migrate stored objects to its storage version, as the
+    /// leader, before reconciling; off: only check that the cluster serves that version.
+    pub manage_crd: bool,
     pub settings: Settings,
 }
 
@@ -111,6 +117,7 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         options.settings.clone(),
     ));
     if !options.leader_election {
+        prepare_cluster(&client, &options).await?;
         run_controllers(ctx, &options.namespaces, shutdown.clone()).await;
         return Ok(());
     }
@@ -131,6 +138,14 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
             break;
         }
         tracing::info!(lease = %lease.name, identity = %lease.identity, "became the leader");
+        // Only the leader writes the CRD: during a rolling update the old operator, while it
+        // still leads, never puts its older CRD back over the new one's.
+        if let Err(error) = prepare_cluster(&client, &options).await {
+            if let Err(release_error) = release(&leases, &lease).await {
+                tracing::warn!(error = %release_error, "could not release the lease");
+            }
+            return Err(error);
+        }
         let lost = Arc::new(StopSignal::default());
         let renewer = tokio::spawn(keep_renewing(
             leases.clone(),
@@ -158,6 +173,42 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
     }
     if let Err(error) = release(&leases, &lease).await {
         tracing::warn!(%error, "could not release the lease");
+    }
+    Ok(())
+}
+
+/// Brings the cluster's CRD to this release's and its stored objects to the storage version
+/// (or, when the operator does not manage its CRD, checks that the version it works on is
+/// served). A failed migration is a warning, not a stop: reconciling works either way, and
+/// only a later release that stops serving the old version needs it done.
+async fn prepare_cluster(client: &Client, options: &RunOptions) -> anyhow::Result<()> {
+    if !options.manage_crd {
+        return check_served(client).await;
+    }
+    apply_crd(client, &crd::crd()).await?;
+    tracing::info!(crd = CRD_NAME, "applied this release's CRD");
+    let scope = if options.namespaces.is_empty() {
+        Scope::Cluster
+    } else {
+        Scope::Namespaces(options.namespaces.clone())
+    };
+    match migrate_storage(client, CRD_NAME, &scope).await {
+        Ok(outcome) if outcome.stored_before == [outcome.storage_version.clone()] => {}
+        Ok(outcome) if outcome.stored_versions_updated => tracing::info!(
+            rewritten = outcome.rewritten,
+            stored_versions_were = ?outcome.stored_before,
+            storage_version = %outcome.storage_version,
+            "rewrote every OutboxRelay at the storage version; status.storedVersions is now the storage version alone"
+        ),
+        Ok(outcome) => tracing::warn!(
+            rewritten = outcome.rewritten,
+            stored_versions = ?outcome.stored_before,
+            "rewrote the watched namespaces' OutboxRelays at the storage version; other namespaces may hold older ones, so status.storedVersions stays: run `outbox-operator migrate-storage` as a cluster administrator before upgrading to a release that stops serving an old version"
+        ),
+        Err(error) => tracing::warn!(
+            error = format!("{error:#}"),
+            "could not migrate the stored OutboxRelays to the storage version; the next start tries again, or run `outbox-operator migrate-storage`"
+        ),
     }
     Ok(())
 }

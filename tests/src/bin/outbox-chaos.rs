@@ -8,7 +8,11 @@
 //! with per-key ordering, and the report adds the keys whose first deliveries came out of
 //! order (must be none). With the `pg-failover` fault the run's database is a primary and
 //! synchronous standby of its own (`outbox_tests::standby`) rather than `DATABASE_URL`'s, and
-//! the relays reach it through one address that moves at each failover.
+//! the relays reach it through one address that moves at each failover. With
+//! `broker-node-loss` the broker is the three-node RabbitMQ cluster
+//! (`outbox_tests::rabbit_cluster`): the relays are given all three nodes, the run's queue is a
+//! quorum queue, and nodes 2 and 3 are stopped or killed in turn while the consumer reads from
+//! node 1.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,6 +28,7 @@ use outbox_tests::chaos::consumer;
 use outbox_tests::chaos::faults::{self, FaultKind};
 use outbox_tests::chaos::report::{ChaosReport, FaultRecord, OrderingReport};
 use outbox_tests::ordering::{check, expected_order};
+use outbox_tests::rabbit_cluster::{self, Lease};
 use outbox_tests::standby::{Server, StandbyPair, Stop};
 use outbox_tests::{db, process, proxy, unique, wait};
 use rand::rngs::StdRng;
@@ -53,7 +58,9 @@ struct Cli {
     #[arg(long)]
     seed: Option<u64>,
     /// Fault kinds to inject (comma-separated): kill-9, broker-cut, broker-restart, pg-terminate,
-    /// network-stall, and pg-failover (which runs on a standby pair of the run's own).
+    /// network-stall, pg-failover (which runs on a standby pair of the run's own), and
+    /// broker-node-loss (on the three-node RabbitMQ cluster; not with broker-cut or
+    /// broker-restart, which act on the single broker).
     #[arg(
         long,
         value_delimiter = ',',
@@ -107,6 +114,36 @@ struct Run {
     ordering_args: Vec<String>,
     /// The run's database: `DATABASE_URL`'s, or a standby pair of its own.
     database: Database,
+    /// The run's broker: the tests' RabbitMQ, or the three-node cluster.
+    broker: Broker,
+    /// The queue the consumer reads.
+    queue: String,
+}
+
+/// Where the run's messages go.
+enum Broker {
+    /// The tests' RabbitMQ (`AMQP_URL`).
+    Single,
+    /// The three-node cluster, held for the run; the queue is a quorum queue.
+    Cluster(Lease),
+}
+
+impl Broker {
+    /// What the relays are given: one URL, or the list of the cluster's three nodes.
+    fn relay_url(&self) -> String {
+        match self {
+            Broker::Single => outbox_tests::amqp_url(),
+            Broker::Cluster(_) => rabbit_cluster::all_nodes(),
+        }
+    }
+
+    /// Where the consumer and the run's own set-up connect: node 1 is never lost.
+    fn url(&self) -> String {
+        match self {
+            Broker::Single => outbox_tests::amqp_url(),
+            Broker::Cluster(_) => rabbit_cluster::node_url(1),
+        }
+    }
 }
 
 /// Where the run's table lives.
@@ -176,7 +213,7 @@ impl Run {
             ])
             .args(&self.ordering_args)
             .env("DATABASE_URL", &self.db_url)
-            .env("AMQP_URL", outbox_tests::amqp_url())
+            .env("AMQP_URL", self.broker.relay_url())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log)
@@ -333,6 +370,27 @@ async fn inject(
                 everyone,
             )
         }
+        FaultKind::BrokerNodeLoss => {
+            let Broker::Cluster(lease) = &run.broker else {
+                anyhow::bail!("broker-node-loss needs the run's RabbitMQ cluster");
+            };
+            let node = rng.random_range(2..=3);
+            let kill = rng.random_bool(0.5);
+            rabbit_cluster::node(if kill { "kill" } else { "stop" }, node).await;
+            let pause = Duration::from_millis(rng.random_range(1000..3000));
+            tokio::time::sleep(pause).await;
+            // Every node up, and the queue on all three again, before the next fault.
+            lease.bring_back().await;
+            rabbit_cluster::await_quorum(&run.queue).await;
+            (
+                format!(
+                    "broker node {node} {}, started again after {:.1} s",
+                    if kill { "killed (-9)" } else { "stopped" },
+                    pause.as_secs_f64()
+                ),
+                everyone,
+            )
+        }
         FaultKind::NetworkStall => {
             let pause = Duration::from_millis(rng.random_range(2000..5000));
             stall.stall_for(pause).await;
@@ -435,22 +493,47 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         false => None,
     };
 
-    let amqp = outbox_tests::amqp_url();
-    let queue = format!("{name}.ids");
-    let connection =
-        lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    declare(
-        &channel,
-        &Topology {
-            exchange: &name,
-            kind: ExchangeType::Fanout,
-            queue: &queue,
-            binding_key: "",
-        },
-    )
-    .await?;
-    let _ = connection.close(200, "set up".into()).await;
+    let broker = if kinds.contains(&FaultKind::BrokerNodeLoss) {
+        if kinds.contains(&FaultKind::BrokerCut) || kinds.contains(&FaultKind::BrokerRestart) {
+            anyhow::bail!(
+                "broker-node-loss runs on the RabbitMQ cluster, broker-cut and broker-restart on the single broker: leave those out of --faults"
+            );
+        }
+        let lease = Lease::take().await;
+        println!(
+            "chaos: on the three-node RabbitMQ cluster ({})",
+            rabbit_cluster::all_nodes().replace("guest:guest@", "")
+        );
+        Broker::Cluster(lease)
+    } else {
+        Broker::Single
+    };
+    let amqp = broker.url();
+    let queue = match broker {
+        Broker::Single => {
+            let queue = format!("{name}.ids");
+            let connection =
+                lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default()).await?;
+            let channel = connection.create_channel().await?;
+            declare(
+                &channel,
+                &Topology {
+                    exchange: &name,
+                    kind: ExchangeType::Fanout,
+                    queue: &queue,
+                    binding_key: "",
+                },
+            )
+            .await?;
+            let _ = connection.close(200, "set up".into()).await;
+            queue
+        }
+        // A quorum queue on all three nodes (`{name}_q`), as production would have it.
+        Broker::Cluster(_) => {
+            rabbit_cluster::declare_quorum(&name).await;
+            format!("{name}_q")
+        }
+    };
 
     // The relays reach the database of DATABASE_URL (host, port, database, user) through the
     // stalling proxy, under the run's application name so its sessions can be terminated.
@@ -485,6 +568,8 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         started: Instant::now(),
         ordering_args,
         database,
+        broker,
+        queue: queue.clone(),
     };
 
     let mut consumer = Command::new(std::env::current_exe()?)
@@ -667,9 +752,13 @@ async fn main() -> ExitCode {
             }
         };
     }
-    // A failover run's report beside the other's: `make chaos` runs both.
-    let stem = match cli.faults.iter().any(|f| f == FaultKind::PgFailover.name()) {
-        true => "report-pg-failover",
+    // A failover run's report (pg-failover, broker-node-loss) beside the other's: `make chaos`
+    // runs both.
+    let failover = [FaultKind::PgFailover, FaultKind::BrokerNodeLoss]
+        .iter()
+        .any(|kind| cli.faults.iter().any(|f| f == kind.name()));
+    let stem = match failover {
+        true => "report-failover",
         false => "report",
     };
     match chaos(cli).await {

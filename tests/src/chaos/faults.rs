@@ -20,16 +20,21 @@ pub enum FaultKind {
     /// the relays' address (the proxy) moved to it, the old primary made again as its standby:
     /// what a `-rw` Service or a cluster endpoint does in a failover.
     PgFailover,
+    /// A node of the three-node RabbitMQ cluster the run then uses (`--broker-url` lists all
+    /// three) stopped gracefully or killed (-9), started again after a pause: the relays on it
+    /// move to another node. Never node 1, where the recording consumer is.
+    BrokerNodeLoss,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::Kill9,
         FaultKind::BrokerCut,
         FaultKind::BrokerRestart,
         FaultKind::PgTerminate,
         FaultKind::NetworkStall,
         FaultKind::PgFailover,
+        FaultKind::BrokerNodeLoss,
     ];
 
     pub fn name(self) -> &'static str {
@@ -40,6 +45,7 @@ impl FaultKind {
             FaultKind::PgTerminate => "pg-terminate",
             FaultKind::NetworkStall => "network-stall",
             FaultKind::PgFailover => "pg-failover",
+            FaultKind::BrokerNodeLoss => "broker-node-loss",
         }
     }
 

@@ -91,11 +91,28 @@ pub fn render(crd_yaml: &str, command: &str) -> anyhow::Result<String> {
             format!("{name} ")
         };
         page.heading(2, &format!("Version {name}"))?;
-        page.out.push_str(&printer_columns(version));
+        if let Some(warning) = text(&version["deprecationWarning"]) {
+            page.out.push_str(&prose(&format!(
+                "Deprecated: requests through it carry the warning \"{warning}\"."
+            )));
+            page.out.push_str("\n\n");
+        }
         let schema = &version["schema"]["openAPIV3Schema"];
         if !schema.is_object() {
             bail!("version {name} has no openAPIV3Schema");
         }
+        // A version with the first one's schema (served for old manifests) gets a sentence,
+        // not a second copy of every table.
+        if i > 0 && version["schema"] == served[0]["schema"] {
+            let first = text(&served[0]["name"]).unwrap_or_default();
+            page.out.push_str(&prose(&format!(
+                "The same schema, subresources and columns as {}: every field above applies.",
+                code(first)
+            )));
+            page.out.push_str("\n\n");
+            continue;
+        }
+        page.out.push_str(&printer_columns(version));
         page.object(schema, &format!("{prefix}{kind}"), "", &prefix)?;
     }
     for t in KUBERNETES_TYPES {
@@ -156,14 +173,20 @@ fn overview(spec: &Value, served: &[&Value]) -> anyhow::Result<String> {
             let name = code(text(&v["name"]).unwrap_or_default());
             if v["storage"].as_bool() == Some(true) {
                 format!("{name} (served, storage)")
+            } else if v["deprecated"].as_bool() == Some(true) {
+                format!("{name} (served, deprecated)")
             } else {
                 format!("{name} (served)")
             }
         })
         .collect();
     rows.push(vec!["Versions".into(), versions.join(", ")]);
-    // Subresources per version: each served version says its own, usually the same.
-    for version in served {
+    // Subresources per version: each served version says its own, unless they are the same.
+    let same = served
+        .iter()
+        .all(|v| v["subresources"] == served[0]["subresources"]);
+    let described = if same { &served[..1] } else { served };
+    for version in described {
         let name = text(&version["name"]).unwrap_or_default();
         let sub = &version["subresources"];
         let mut parts = Vec::new();
@@ -182,7 +205,7 @@ fn overview(spec: &Value, served: &[&Value]) -> anyhow::Result<String> {
             parts.push(format!("scale ({})", paths.join(", ")));
         }
         if !parts.is_empty() {
-            let label = if served.len() == 1 {
+            let label = if described.len() == 1 {
                 "Subresources".to_string()
             } else {
                 format!("Subresources of {}", code(name))

@@ -514,7 +514,7 @@ fn labels_owner_and_selector_follow_the_relay() {
     }
     let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(owner.kind, "OutboxRelay");
-    assert_eq!(owner.api_version, "outboxrelay.io/v1alpha1");
+    assert_eq!(owner.api_version, "outboxrelay.io/v1beta1");
     assert_eq!(owner.name, "orders");
     assert_eq!(owner.uid, "uid-orders");
     assert_eq!(owner.controller, Some(true));

@@ -24,11 +24,11 @@ const SECRETS: &str = "/api/v1/namespaces/shop/secrets";
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/shop/deployments/orders";
 /// The relay's pods are listed (by label selector) after the Deployment is read.
 const PODS: &str = "/api/v1/namespaces/shop/pods";
-const STATUS: &str = "/apis/outboxrelay.io/v1alpha1/namespaces/shop/outboxrelays/orders/status";
+const STATUS: &str = "/apis/outboxrelay.io/v1beta1/namespaces/shop/outboxrelays/orders/status";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
 const BUDGET: &str = "/apis/policy/v1/namespaces/shop/poddisruptionbudgets/orders";
 /// The OutboxRelay itself: the finalizer helper patches its metadata.
-const RELAY: &str = "/apis/outboxrelay.io/v1alpha1/namespaces/shop/outboxrelays/orders";
+const RELAY: &str = "/apis/outboxrelay.io/v1beta1/namespaces/shop/outboxrelays/orders";
 /// The versions of the fixtures' two Secrets, as the pipeline fingerprints them.
 pub const SECRETS_FINGERPRINT: &str = "orders-amqp=7,orders-db=7";
 
@@ -47,6 +47,14 @@ impl Outcome {
 
     pub fn error(&self) -> &Error {
         self.result.as_ref().expect_err("the reconcile failed")
+    }
+
+    /// True when the reconcile wrote nothing to a Deployment (it may have read one).
+    pub fn left_the_deployment_alone(&self) -> bool {
+        !self
+            .seen
+            .iter()
+            .any(|e| e.uri.contains("/deployments") && e.method != Method::GET)
     }
 
     pub fn migrations(&self) -> usize {
