@@ -16,14 +16,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
 use lapin::ExchangeKind;
-use outbox_operator::{OutboxRelay, OutboxRelaySpec};
+use outbox_operator::OutboxRelay;
 use outbox_relay::table::OutboxTable;
 use outbox_tests::broker::{self, Consumer};
 use outbox_tests::cluster::{
-    OPERATOR_NAME, TEST_OPERATOR_ARGS, create_connection_secrets, ready_condition, relay_spec,
+    OPERATOR_NAME, TEST_OPERATOR_ARGS, create_connection_secrets, relay_spec,
 };
 use outbox_tests::control_plane::ControlPlane;
 use outbox_tests::node::Node;
@@ -174,6 +174,33 @@ async fn pods_of(client: &Client, ns: &str, selector: &str) -> Vec<(String, Stri
             (pod.metadata.uid.clone().unwrap(), image, ready, terminating)
         })
         .collect()
+}
+
+/// The OutboxRelays at `outboxrelay.io/v1alpha1`: the version the previous release serves,
+/// which users of it wrote, and which this build still serves (deprecated).
+fn v1alpha1(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &v1alpha1_resource())
+}
+
+fn v1alpha1_resource() -> ApiResource {
+    ApiResource {
+        group: "outboxrelay.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "outboxrelay.io/v1alpha1".into(),
+        kind: "OutboxRelay".into(),
+        plural: "outboxrelays".into(),
+    }
+}
+
+/// Ready=True, `observedGeneration` the object's generation, and how many conditions it has.
+fn settled(object: &DynamicObject) -> (bool, usize) {
+    let status = &object.data["status"];
+    let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+    let ready = conditions
+        .iter()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    let observed = status["observedGeneration"].as_i64() == object.metadata.generation;
+    (ready && observed, conditions.len())
 }
 
 fn relay_selector(relay: &str) -> String {
@@ -385,26 +412,22 @@ async fn step(
         );
     }
 
-    // Every OutboxRelay is there, Ready, with its conditions, and its generation observed.
-    let relays_api: Api<OutboxRelay> = Api::namespaced(client.clone(), ns);
+    // Every OutboxRelay is there, Ready, with its conditions, and its generation observed,
+    // read at the version its users wrote it in.
+    let old_api = v1alpha1(client, ns);
     for relay in relays {
-        let settled = wait::holds(
+        let caught_up = wait::holds(
             &format!("{what}: {} Ready and observed", relay.name),
             STEP,
-            || async {
-                let object = relays_api.get(&relay.name).await.unwrap();
-                let observed = object.status.as_ref().and_then(|s| s.observed_generation);
-                ready_condition(&object).is_some_and(|(status, _, _)| status == "True")
-                    && observed == object.metadata.generation
-            },
+            || async { settled(&old_api.get(&relay.name).await.unwrap()).0 },
         )
         .await;
-        let object = relays_api.get(&relay.name).await.unwrap();
-        assert!(settled, "{what}: {:#?}", object.status);
+        let object = old_api.get(&relay.name).await.unwrap();
+        assert!(caught_up, "{what}: {:#}", object.data["status"]);
         assert!(
-            object.status.as_ref().unwrap().conditions.len() >= 2,
-            "{what}: {:#?}",
-            object.status
+            settled(&object).1 >= 2,
+            "{what}: {:#}",
+            object.data["status"]
         );
     }
 
@@ -476,7 +499,7 @@ async fn the_previous_release_upgrades_to_this_build_under_traffic_and_rolls_bac
     create_connection_secrets(&client, &ns).await;
     let installed = tokio::task::block_in_place(|| helm_to(plane, "install", &old, &ns));
     assert!(installed.is_ok(), "{installed:?}\n{}", node.logs(20));
-    let relays_api: Api<OutboxRelay> = Api::namespaced(client.clone(), &ns);
+    let old_api = v1alpha1(&client, &ns);
     let mut relays = Vec::new();
     for _ in 0..2 {
         let table_name = unique("upgrade");
@@ -486,9 +509,10 @@ async fn the_previous_release_upgrades_to_this_build_under_traffic_and_rolls_bac
         let name = table_name.replace('_', "-");
         let mut spec = serde_json::to_value(relay_spec(&table_name, &table_name)).unwrap();
         spec["replicas"] = REPLICAS.into();
-        let spec: OutboxRelaySpec = serde_json::from_value(spec).unwrap();
-        relays_api
-            .create(&PostParams::default(), &OutboxRelay::new(&name, spec))
+        let object = DynamicObject::new(&name, &v1alpha1_resource())
+            .data(serde_json::json!({ "spec": spec }));
+        old_api
+            .create(&PostParams::default(), &object)
             .await
             .unwrap();
         relays.push(Relay {
@@ -502,8 +526,7 @@ async fn the_previous_release_upgrades_to_this_build_under_traffic_and_rolls_bac
             &format!("{} Ready on the previous release", relay.name),
             STEP,
             || async {
-                let object = relays_api.get(&relay.name).await.unwrap();
-                ready_condition(&object).is_some_and(|(status, _, _)| status == "True")
+                settled(&old_api.get(&relay.name).await.unwrap()).0
                     && pods_of(&client, &ns, &relay_selector(&relay.name))
                         .await
                         .iter()
@@ -515,8 +538,8 @@ async fn the_previous_release_upgrades_to_this_build_under_traffic_and_rolls_bac
         .await;
         assert!(
             ready,
-            "{:#?}",
-            relays_api.get(&relay.name).await.unwrap().status
+            "{:#}",
+            old_api.get(&relay.name).await.unwrap().data["status"]
         );
         assert!(db::wait_until_drained(&relay.table, STEP).await);
     }
@@ -544,6 +567,17 @@ async fn the_previous_release_upgrades_to_this_build_under_traffic_and_rolls_bac
         &index_before,
     )
     .await;
+
+    // The objects written at the previous release's version read at this build's too.
+    let current: Api<OutboxRelay> = Api::namespaced(client.clone(), &ns);
+    for relay in &relays {
+        let object = current.get(&relay.name).await;
+        assert!(
+            object.as_ref().is_ok_and(|o| o.status.is_some()),
+            "{} at this build's version: {object:?}",
+            relay.name
+        );
+    }
 
     // The cluster's CRD is this tree's (helm never updates crds/: whatever brings it there).
     let file: serde_json::Value = serde_yaml::from_str(
