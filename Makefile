@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release dist release-tools
+.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release dist release-tools previous-release
 
 all: build
 
@@ -88,9 +88,12 @@ test-servers:
 	./scripts/image-tools.sh
 	./scripts/docs.sh tools
 
-## test-builds: lint, then the release build of every target the tests run.
+## test-builds: lint, then the release build of every target the tests run, then the previous
+## release's (scripts/previous-release.sh: once per release, cached by its commit; seeded from
+## this build's dependencies, so it comes right after them, in the first step's Rust lane).
 test-builds: lint
 	$(CARGO) build --workspace --all-targets --release
+	@./scripts/previous-release.sh >/dev/null
 
 ## control-plane: build the tests' Kubernetes (etcd, the control plane, the node's kubelet and
 ## kube-proxy, kubectl) and the oldest minor the chart supports (etcd, kube-apiserver, kubectl);
@@ -188,6 +191,12 @@ image: release image-tools
 release-tools:
 	@./scripts/cosign.sh >/dev/null
 	@./scripts/cyclonedx.sh >/dev/null
+
+## previous-release: the previous release (the newest line of release/releases) built from its
+## recorded commit: its static binaries, image and packaged chart, cached under
+## ~/.cache/outbox-relay/previous-release/<commit>/ (the upgrade and mixed-version tests use it).
+previous-release:
+	./scripts/previous-release.sh
 
 ## dist: the release artifacts, published as users consume them (scripts/dist.sh): the image by
 ## digest and the chart (oci://) in an OCI registry (DIST_REGISTRY; by default a local one on

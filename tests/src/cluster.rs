@@ -389,7 +389,7 @@ fn audited_responses(
 
 /// The timings of a test's operator, as `outbox-operator run` flags: retries and resyncs
 /// short, so a test sees a fix within seconds.
-const TEST_OPERATOR_ARGS: [&str; 8] = [
+pub const TEST_OPERATOR_ARGS: [&str; 8] = [
     "--retry-base",
     "500ms",
     "--retry-max",

@@ -19,6 +19,7 @@ pub mod node;
 pub mod oci;
 pub mod ordering;
 pub mod pods;
+pub mod previous_release;
 pub mod process;
 pub mod proxy;
 pub mod rabbit_cluster;

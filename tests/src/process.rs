@@ -102,13 +102,23 @@ pub fn spawn_relay(name: &str, args: &[&str]) -> RelayProcess {
 
 /// Like [`spawn_relay`], with these environment variables added.
 pub fn spawn_relay_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> RelayProcess {
+    spawn_relay_program(&binary("outbox-relay"), name, args, env)
+}
+
+/// Like [`spawn_relay_with_env`], with another build's `outbox-relay` (a previous release's).
+pub fn spawn_relay_program(
+    program: &std::path::Path,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> RelayProcess {
     let log = log_path(name);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&log)
         .expect("open log");
-    let child = Command::new(binary("outbox-relay"))
+    let child = Command::new(program)
         .args(args)
         .env("DATABASE_URL", crate::database_url())
         .env("AMQP_URL", crate::amqp_url())

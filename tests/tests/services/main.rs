@@ -20,6 +20,7 @@ mod identifiers;
 mod image;
 mod metrics_port;
 mod migration;
+mod mixed_versions;
 mod multi_host;
 mod per_key_ordering;
 mod pg_failover;
