@@ -51,8 +51,13 @@ if [ -s "$out/release.env" ]; then
     exit 0
 fi
 
+# A shallow or single-branch clone may lack it: ask the clone's origin once (the tag or the
+# commit itself) before giving up.
+git -C "$ROOT" cat-file -e "$COMMIT^{commit}" 2>/dev/null ||
+    git -C "$ROOT" fetch --quiet origin "refs/tags/v$VERSION:refs/tags/v$VERSION" 2>/dev/null ||
+    git -C "$ROOT" fetch --quiet origin "$COMMIT" 2>/dev/null || true
 git -C "$ROOT" cat-file -e "$COMMIT^{commit}" 2>/dev/null || {
-    say "commit $COMMIT (release $VERSION) is not in this clone: fetch the history (git fetch --unshallow)"
+    say "commit $COMMIT (release $VERSION) is not in this clone nor at its origin: fetch the history (git fetch --unshallow)"
     exit 1
 }
 say "building release $VERSION from commit $COMMIT into $out (first time: the workspace crates compile, some minutes)"
