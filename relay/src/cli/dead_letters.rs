@@ -243,7 +243,7 @@ async fn act(args: ActArgs, action: Action) -> ExitCode {
         &config.table,
         &selection,
         action,
-        args.batch_size,
+        usize::try_from(args.batch_size).unwrap_or(usize::MAX),
         |n| eprintln!("{}: {n}/{total} row(s)", action.verb()),
     )
     .await;

@@ -283,18 +283,34 @@ impl Action {
 
 /// Applies `action` to the selection in batches of `batch` rows, oldest first in claim order,
 /// each batch its own short transaction (never one over the whole selection, which would hold
-/// its row locks against the relay and bloat the table for its whole length). Oldest first so
-/// that, with a relay running, a requeued row's key never sees a later requeued row go out
-/// before it. `progress` is told the running total after every batch.
+/// its row locks against the relay and keep VACUUM back for its whole length). The selection's
+/// ids are read once, in claim order (one pass over the table, 16 bytes a row); each batch then
+/// finds its rows by primary key and checks again that each is still a selected dead letter, so
+/// a row a concurrent command already handled is skipped. Oldest first so that, with a relay
+/// running, no requeued row of a key is pending before an older requeued row of that key.
+/// `progress` is told the running total after every batch.
 pub async fn apply(
     conn: &mut PgConnection,
     table: &OutboxTable,
     selection: &Selection,
     action: Action,
-    batch: i64,
+    batch: usize,
     mut progress: impl FnMut(u64),
 ) -> Result<u64, sqlx::Error> {
     let sql = Sql::new(table);
+    let ids: Vec<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT {id} FROM {table} WHERE {selected} ORDER BY {occurred}, {id}",
+        id = sql.id,
+        table = sql.table,
+        selected = sql.selected(),
+        occurred = sql.occurred,
+    )))
+    .bind(selection.errors.clone())
+    .bind(selection.ids.clone())
+    .bind(selection.from)
+    .bind(selection.to)
+    .fetch_all(&mut *conn)
+    .await?;
     let set = match action {
         Action::Requeue => {
             let mut set = format!("{} = NULL, {} = NULL", sql.processed, sql.error);
@@ -303,36 +319,29 @@ pub async fn apply(
             }
             set
         }
-        Action::Discard => format!("{error} = $6::text || t.{error}", error = sql.error),
+        Action::Discard => format!("{error} = $6::text || {error}", error = sql.error),
     };
-    // A row done by one batch leaves the selection (pending again, or prefixed), so the next
-    // batch picks the next rows; no cursor needed.
     let statement = format!(
-        "WITH picked AS (SELECT {id} FROM {table} WHERE {selected} \
-         ORDER BY {occurred}, {id} LIMIT $5 FOR UPDATE) \
-         UPDATE {table} AS t SET {set} FROM picked WHERE t.{id} = picked.{id}",
-        id = sql.id,
+        "UPDATE {table} SET {set} WHERE {id} = ANY($5::uuid[]) AND {selected}",
         table = sql.table,
+        id = sql.id,
         selected = sql.selected(),
-        occurred = sql.occurred,
     );
     let mut done = 0u64;
-    loop {
+    for chunk in ids.chunks(batch.max(1)) {
         let result = sqlx::query(AssertSqlSafe(statement.clone()))
             .bind(selection.errors.clone())
             .bind(selection.ids.clone())
             .bind(selection.from)
             .bind(selection.to)
-            .bind(batch)
+            .bind(chunk.to_vec())
             .bind(DISCARDED_PREFIX)
             .execute(&mut *conn)
             .await?;
-        if result.rows_affected() == 0 {
-            return Ok(done);
-        }
         done += result.rows_affected();
         progress(done);
     }
+    Ok(done)
 }
 
 #[cfg(test)]
