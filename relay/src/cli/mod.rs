@@ -3,6 +3,7 @@
 //! 2 when the user must change something, 1 for any other failure.
 
 mod consume;
+mod dead_letters;
 mod lag;
 mod migrate;
 mod run;
@@ -39,6 +40,8 @@ enum Command {
     Seed(seed::SeedArgs),
     /// Count messages arriving on a queue bound to the exchange (for demos and benchmarks).
     Consume(consume::ConsumeArgs),
+    /// List the dead letters grouped by cause, send a group again, or settle it for good.
+    DeadLetters(dead_letters::DeadLettersArgs),
 }
 
 /// Parses the command line and runs the command.
@@ -67,6 +70,7 @@ pub fn main() -> ExitCode {
             Command::Lag(args) => lag::command(args).await,
             Command::Seed(args) => seed::command(args).await,
             Command::Consume(args) => consume::command(args).await,
+            Command::DeadLetters(args) => dead_letters::command(args).await,
         }
     })
 }

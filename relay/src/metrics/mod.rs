@@ -122,7 +122,8 @@ impl Metrics {
                 r,
                 IntCounter::new(
                     "outbox_relay_messages_dead_lettered_total",
-                    "Messages given up on after max attempts or because the row is malformed",
+                    "Messages given up on after max attempts or because the row is malformed; \
+                     `outbox-relay dead-letters list` groups them by cause",
                 ),
             ),
             failures: registered(
