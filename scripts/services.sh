@@ -855,7 +855,8 @@ stop_private_artemis() {
 #   scripts/services.sh rabbit-cluster          start it (once made, joined; idempotent when up)
 #   scripts/services.sh rabbit-cluster-node stop|kill|start N
 #                                               stop one node gracefully, SIGKILL it, or start it
-#   scripts/services.sh rabbit-cluster-queue Q  wait until quorum queue Q has a leader and 3 members online
+#   scripts/services.sh rabbit-cluster-queue Q [ONLINE [SECONDS]]
+#                                               wait until quorum queue Q has a leader and ONLINE (3) members online
 #   scripts/services.sh stop-rabbit-cluster     stop every node
 # Nodes rt1..rt3@$(hostname -s), AMQP on 127.0.0.1:5782-5784, distribution on 25782-25784, data
 # under $OUTBOX_CACHE/rabbit-cluster, one HOME there for the shared Erlang cookie. The nodes run
@@ -978,18 +979,23 @@ rc_await_cluster() {
   exit 1
 }
 
-# Waits until quorum queue $1 has a leader and all three members online (60 s at most).
+# Waits until quorum queue $1 has a leader and $2 members online (default 3: all of them), for
+# ${3:-60} s at most. Asks the first node that answers: after a loss, not necessarily node 1.
 rc_await_queue() {
-  local state
-  for _ in $(seq 1 120); do
-    state=$(rc_ctl 1 list_queues name members online leader --formatter json 2>/dev/null |
-      python3 -c 'import json,sys
+  local state want=${2:-3} tries=$(( ${3:-60} * 2 )) n
+  for _ in $(seq 1 "$tries"); do
+    state=""
+    for n in 1 2 3; do
+      rc_node_up "$n" || continue
+      state=$(rc_ctl "$n" list_queues name members online leader --formatter json 2>/dev/null |
+        python3 -c 'import json,sys
 q=[q for q in json.load(sys.stdin) if q["name"]==sys.argv[1]]
-print("members=%d online=%d leader=%s" % (len(q[0]["members"]), len(q[0]["online"]), q[0]["leader"]) if q else "missing")' "$1" 2>/dev/null) || state=""
-    case "$state" in "members=3 online=3 leader=rt"*) return 0 ;; esac
+print("members=%d online=%d leader=%s" % (len(q[0]["members"]), len(q[0]["online"]), q[0]["leader"] if q[0]["leader"] in q[0]["online"] else "none") if q else "missing")' "$1" 2>/dev/null) && break
+    done
+    case "$state" in "members=3 online=$want leader=rt"*) return 0 ;; esac
     sleep 0.5
   done
-  echo "quorum queue $1 is not on three nodes with a leader after 60 s: ${state:-no answer}" >&2
+  echo "quorum queue $1 has no leader with $want members online after ${3:-60} s: ${state:-no answer}" >&2
   exit 1
 }
 
@@ -1308,7 +1314,7 @@ case "${1:-}" in
       *) echo "usage: $0 rabbit-cluster-node stop|kill|start 1|2|3" >&2; exit 2 ;;
     esac
     exit 0 ;;
-  rabbit-cluster-queue) rc_await_queue "${2:?usage: $0 rabbit-cluster-queue QUEUE}"; exit 0 ;;
+  rabbit-cluster-queue) rc_await_queue "${2:?usage: $0 rabbit-cluster-queue QUEUE [ONLINE [SECONDS]]}" "${3:-3}" "${4:-60}"; exit 0 ;;
   stop-rabbit-cluster) for n in 1 2 3; do rc_stop_node "$n"; done; exit 0 ;;
 esac
 

@@ -102,19 +102,7 @@ pub async fn declare(url: &str, name: &str, arguments: FieldTable) {
         .await
         .expect("the broker answers");
     let channel = connection.create_channel().await.unwrap();
-    let durable = ExchangeDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    channel
-        .exchange_declare(
-            name.into(),
-            ExchangeKind::Fanout,
-            durable,
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    declare_exchange_on(&channel, name).await;
     let queue = format!("{name}_q");
     let options = QueueDeclareOptions {
         durable: true,
@@ -137,11 +125,43 @@ pub async fn declare(url: &str, name: &str, arguments: FieldTable) {
     let _ = connection.close(200, "declared".into()).await;
 }
 
+/// The durable fanout exchange `name` alone, on the broker at `url`.
+pub async fn declare_exchange(url: &str, name: &str) {
+    let connection = Connection::connect(url, ConnectionProperties::default())
+        .await
+        .expect("the broker answers");
+    let channel = connection.create_channel().await.unwrap();
+    declare_exchange_on(&channel, name).await;
+    let _ = connection.close(200, "declared".into()).await;
+}
+
+async fn declare_exchange_on(channel: &lapin::Channel, name: &str) {
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    channel
+        .exchange_declare(
+            name.into(),
+            ExchangeKind::Fanout,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+}
+
 /// [`declare`] with a quorum queue on the cluster, then waits until the queue has a leader and
 /// a member on each node: a queue declared while a restarted node is not yet seen running gets
 /// two members, and losing one of two loses its majority.
 pub async fn declare_quorum(name: &str) {
-    declare(&node_url(1), name, quorum(&[])).await;
+    declare_quorum_on(1, name).await;
+}
+
+/// [`declare_quorum`] through node `node`: a quorum queue's first leader is the declaring
+/// node (3.10's default leader locator, `client-local`).
+pub async fn declare_quorum_on(node: usize, name: &str) {
+    declare(&node_url(node), name, quorum(&[])).await;
     await_quorum(&format!("{name}_q")).await;
 }
 
@@ -149,4 +169,16 @@ pub async fn declare_quorum(name: &str) {
 /// most, then panics naming its state).
 pub async fn await_quorum(queue: &str) {
     services(&["rabbit-cluster-queue", queue]).await;
+}
+
+/// After a node is lost: waits until quorum queue `queue` has elected a leader among the two
+/// members left (`limit` at most, then panics naming its state), and says how long it took.
+pub async fn await_new_leader(queue: &str, limit: std::time::Duration) {
+    let started = Instant::now();
+    let seconds = limit.as_secs().to_string();
+    services(&["rabbit-cluster-queue", queue, "2", &seconds]).await;
+    eprintln!(
+        "{queue}: a leader on the two nodes left after {:?}",
+        started.elapsed()
+    );
 }
