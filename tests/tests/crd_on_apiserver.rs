@@ -50,15 +50,11 @@ fn plane_with_crd() -> &'static ControlPlane {
 
 /// `kubectl apply --validate=strict -f -` of `manifest` in `namespace`: (ok, stdout+stderr).
 fn apply(plane: &ControlPlane, namespace: &str, manifest: &str) -> (bool, String) {
-    let mut command = plane.kubectl();
-    command.args(["apply", "--validate=strict", "-n", namespace, "-f", "-"]);
-    let output = process::output_with_stdin(&mut command, manifest).expect("run kubectl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
+    api_versions::kubectl_stdin(
+        plane,
+        &["apply", "--validate=strict", "-n", namespace],
+        manifest,
+    )
 }
 
 fn namespace(plane: &ControlPlane, prefix: &str) -> String {
