@@ -321,20 +321,28 @@ pub fn install_chart_cluster_wide(
 
 /// Audit records of ServiceAccount `namespace/name` with response code 403.
 pub fn denials(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String> {
-    audited_responses(plane, namespace, name, |code, _| code == 403)
+    audited_responses(plane, namespace, name, |code, _, _| code == 403)
 }
 
 /// Audit records of ServiceAccount `namespace/name` the API server refused: every 4xx and 5xx
 /// but the ones a working client meets, a `get` or `delete` of an object that is not there
 /// (404), a write that lost an optimistic-concurrency race (409), an expired resource
-/// version (410) and a request API Priority and Fairness asked to retry (429: a loaded API
-/// server sheds requests this way, and every client retries them). So a resource, version or
-/// field the server does not serve shows up (404 on a list, watch or apply; 400; 422),
-/// besides denials.
+/// version (410), a request API Priority and Fairness asked to retry (429: a loaded API
+/// server sheds requests this way, and every client retries them), and the finalizer's own
+/// lost race (below). So a resource, version or field the server does not serve shows up (404
+/// on a list, watch or apply; 400; 422 elsewhere), besides denials.
+///
+/// kube-runtime's finalizer helper, the operator's only patch of an OutboxRelay itself (not a
+/// subresource), adds and removes its entry with a JSON patch whose `test` operation checks the
+/// finalizers it saw in its cache: a stale cache (a watch restarted, as when the operator has
+/// just applied its CRD) fails that test with 422, and the controller retries with the fresh
+/// object. That 422 is the JSON-patch form of a 409.
 pub fn refusals(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String> {
-    audited_responses(plane, namespace, name, |code, verb| {
-        let expected =
-            matches!(code, 409 | 410 | 429) || (code == 404 && matches!(verb, "get" | "delete"));
+    audited_responses(plane, namespace, name, |code, verb, resource| {
+        let finalizer_race = code == 422 && verb == "patch" && resource == "outboxrelays";
+        let expected = matches!(code, 409 | 410 | 429)
+            || (code == 404 && matches!(verb, "get" | "delete"))
+            || finalizer_race;
         code >= 400 && !expected
     })
 }
@@ -352,14 +360,17 @@ pub fn accepted_writes(
         .filter(|e| e["stage"] == "ResponseComplete")
         .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
         .filter(|e| (200..300).contains(&e["responseStatus"]["code"].as_i64().unwrap_or(0)))
-        .map(|e| {
-            let resource = e["objectRef"]["resource"].as_str().unwrap_or_default();
-            match e["objectRef"]["subresource"].as_str() {
-                Some(sub) => format!("{resource}/{sub}"),
-                None => resource.to_string(),
-            }
-        })
+        .map(|e| audited_resource(&e))
         .collect()
+}
+
+/// `resource` or `resource/subresource` an audit record is about.
+fn audited_resource(event: &serde_json::Value) -> String {
+    let resource = event["objectRef"]["resource"].as_str().unwrap_or_default();
+    match event["objectRef"]["subresource"].as_str() {
+        Some(sub) => format!("{resource}/{sub}"),
+        None => resource.to_string(),
+    }
 }
 
 /// `verb resource: URI (code)` of the completed requests of ServiceAccount `namespace/name`
@@ -368,7 +379,7 @@ fn audited_responses(
     plane: &ControlPlane,
     namespace: &str,
     name: &str,
-    select: impl Fn(i64, &str) -> bool,
+    select: impl Fn(i64, &str, &str) -> bool,
 ) -> Vec<String> {
     plane
         .audit_events_of(namespace, name)
@@ -376,7 +387,11 @@ fn audited_responses(
         .filter(|e| e["stage"] == "ResponseComplete")
         .filter(|e| {
             let code = e["responseStatus"]["code"].as_i64().unwrap_or(0);
-            select(code, e["verb"].as_str().unwrap_or_default())
+            select(
+                code,
+                e["verb"].as_str().unwrap_or_default(),
+                &audited_resource(e),
+            )
         })
         .map(|e| {
             format!(
