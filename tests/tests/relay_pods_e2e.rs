@@ -360,7 +360,7 @@ async fn a_suspended_relay_stops_delivering_keeps_reporting_its_backlog_and_resu
     );
     // kstatus: Current (the spec is in place); the shipped Argo CD check: Suspended.
     let object = serde_json::to_value(cluster.relays().get(&relay).await.unwrap()).unwrap();
-    let verdict = health::assess(cluster.plane, &[object.clone()])
+    let verdict = health::assess(cluster.plane, std::slice::from_ref(&object))
         .unwrap_or_else(|e| panic!("{e:#}"))
         .remove(0);
     assert_eq!(
