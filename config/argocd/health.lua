@@ -1,7 +1,8 @@
 -- Argo CD health check for OutboxRelay (outboxrelay.io/v1beta1 and v1alpha1), from the conditions the
 -- operator writes after kstatus' conventions: Stalled=True is Degraded (a person must fix
--- something; the message says what), Reconciling=True or a generation the operator has not
--- seen yet is Progressing, Ready=True is Healthy. Install it with the snippet in the README
+-- something; the message says what), Suspended=True (spec.suspend: no pods, delivery stopped
+-- on purpose) is Suspended, Reconciling=True or a generation the operator has not seen yet is
+-- Progressing, Ready=True is Healthy. Install it with the snippet in the README
 -- (resource.customizations.health.outboxrelay.io_OutboxRelay in argocd-cm).
 local hs = { status = "Progressing", message = "waiting for the operator's first status" }
 if obj.status == nil then
@@ -31,6 +32,13 @@ local stalled = condition("Stalled")
 if stalled ~= nil and stalled.status == "True" then
   hs.status = "Degraded"
   hs.message = describe(stalled)
+  return hs
+end
+
+local suspended = condition("Suspended")
+if suspended ~= nil and suspended.status == "True" then
+  hs.status = "Suspended"
+  hs.message = describe(suspended)
   return hs
 end
 

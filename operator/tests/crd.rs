@@ -58,7 +58,10 @@ fn crd_has_the_promised_shape() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(columns, ["Ready", "Replicas", "Backlog", "Oldest", "Age"]);
+    assert_eq!(
+        columns,
+        ["Ready", "Suspended", "Replicas", "Backlog", "Oldest", "Age"]
+    );
     let conditions =
         &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"];
     assert_eq!(conditions["x-kubernetes-list-type"], "map");

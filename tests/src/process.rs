@@ -204,6 +204,12 @@ impl RelayProcess {
         let _ = self.child.wait().await;
     }
 
+    /// Sends `signal` (e.g. `libc::SIGUSR1`) and returns at once.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+        unsafe { libc::kill(self.pid(), signal) };
+    }
+
     /// SIGTERM and wait for the exit code.
     pub async fn terminate(&mut self, timeout: Duration) -> Option<i32> {
         // SAFETY: kill(2) takes plain integers and touches no memory of ours.

@@ -150,11 +150,23 @@ async fn a_users_first_hour_with_kubectl() {
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "READY", "REPLICAS", "BACKLOG", "OLDEST", "AGE"],
+        [
+            "NAME",
+            "READY",
+            "SUSPENDED",
+            "REPLICAS",
+            "BACKLOG",
+            "OLDEST",
+            "AGE"
+        ],
         "{table_text}"
     );
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
-    assert_eq!(&row[..4], ["orders", "True", "1", "0"], "{table_text}");
+    assert_eq!(
+        &row[..5],
+        ["orders", "True", "false", "1", "0"],
+        "{table_text}"
+    );
 
     // Manual mode, then `kubectl scale`: three relay pods.
     let generation = user.kubectl(&["get", "obr/orders", "-o", "jsonpath={.metadata.generation}"]);

@@ -6,8 +6,13 @@
 //! twice; and a relay over its memory
 //! limit is OOM-killed by the kernel, which the OutboxRelay's status says (reason OOMKilled,
 //! naming the limit and the field to raise) until the default resources, which have room for
-//! that batch of large payloads, are back.
+//! that batch of large payloads, are back. `spec.suspend` during a load takes the pods away
+//! (nothing more reaches the broker) while the operator still counts the backlog into the status
+//! and `kubectl get obr`, and kstatus and the Argo CD health check read it as Current and
+//! Suspended; `suspend: false` delivers everything, each message once.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -17,7 +22,7 @@ use lapin::ExchangeKind;
 use outbox_operator::crd::OutboxRelaySpec;
 use outbox_tests::cluster::{TestCluster, relay_spec};
 use outbox_tests::history::History;
-use outbox_tests::{broker, db, http, unique, wait};
+use outbox_tests::{broker, db, health, http, unique, wait};
 use serde_json::json;
 
 /// How long a step the kubelet takes may last on a loaded 2-core machine (the liveness probe
@@ -256,6 +261,140 @@ async fn a_relay_over_its_memory_limit_is_oom_killed_and_the_status_names_the_li
         (degraded.status.as_str(), degraded.reason.as_str()),
         ("False", "AsExpected")
     );
+
+    consumer.close().await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_suspended_relay_stops_delivering_keeps_reporting_its_backlog_and_resumes() {
+    let name = unique("e2e_suspend");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 0).await;
+    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
+    let cluster = TestCluster::start().await;
+    let relay = name.replace('_', "-");
+    // Autoscaled, so the test also shows the autoscaler leaving a suspended relay at zero.
+    let mut spec = relay_spec(&name, &name);
+    spec.scaling = Some(
+        serde_json::from_value(json!({
+            "minReplicas": 1, "maxReplicas": 2, "targetBacklogPerReplica": 1000,
+            "pollingInterval": "2s",
+        }))
+        .unwrap(),
+    );
+    cluster.create_relay(&relay, spec).await;
+    cluster.wait_for_ready(&relay, "True", "").await;
+
+    // A steady load: 100 rows every 100 ms until the end.
+    let inserted = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn({
+        let (table, inserted, stop) = (table.clone(), inserted.clone(), stop.clone());
+        async move {
+            let mut conn = db::connect().await;
+            while !stop.load(Ordering::SeqCst) {
+                outbox_relay::tools::seed::copy_rows(&mut conn, &table, 100, 50, |_| {})
+                    .await
+                    .unwrap();
+                inserted.fetch_add(100, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    assert!(
+        consumer.wait_for(300, KUBELET_STEP).await >= 300,
+        "no delivery under load"
+    );
+
+    let suspend = |on: bool| {
+        let relays = cluster.relays();
+        let relay = relay.clone();
+        async move {
+            let patch = json!({"spec": {"suspend": on}});
+            relays
+                .patch(&relay, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap();
+        }
+    };
+    suspend(true).await;
+    cluster.wait_for_ready(&relay, "True", "Suspended").await;
+    wait_until("the relay pods are gone", &cluster, || async {
+        let object = cluster.relays().get(&relay).await.unwrap();
+        cluster.running_pods(&relay).is_empty() && object.status.and_then(|s| s.replicas) == Some(0)
+    })
+    .await;
+    // The last batches were settled before the pods exited; their messages may still be on
+    // their way to the consumer.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let delivered = consumer.total();
+    let backlog = || async {
+        let object = cluster.relays().get(&relay).await.unwrap();
+        object.status.and_then(|s| s.backlog).unwrap_or(0)
+    };
+    let first = backlog().await;
+    // The operator counts the backlog itself: it grows with the inserts in the status...
+    wait_until("the status shows the backlog growing", &cluster, || async {
+        backlog().await >= first + 500
+    })
+    .await;
+    assert_eq!(consumer.total(), delivered, "delivered while suspended");
+    assert_eq!(cluster.deployment_replicas(&relay).await, Some(0));
+    // ...and in kubectl get obr, with the SUSPENDED column.
+    let shown = cluster
+        .plane
+        .kubectl_ok(&["-n", &cluster.namespace, "get", "obr", &relay])
+        .unwrap();
+    let header: Vec<&str> = shown.lines().next().unwrap().split_whitespace().collect();
+    let row: Vec<&str> = shown.lines().nth(1).unwrap().split_whitespace().collect();
+    let column = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    assert_eq!(
+        (column("READY"), column("SUSPENDED")),
+        ("True", "true"),
+        "{shown}"
+    );
+    assert!(
+        column("BACKLOG").parse::<i64>().unwrap() >= first + 500,
+        "{shown}"
+    );
+    // kstatus: Current (the spec is in place); the shipped Argo CD check: Suspended.
+    let object = serde_json::to_value(cluster.relays().get(&relay).await.unwrap()).unwrap();
+    let verdict = health::assess(cluster.plane, std::slice::from_ref(&object))
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .remove(0);
+    assert_eq!(
+        (verdict.kstatus.as_str(), verdict.argocd.as_str()),
+        ("Current", "Suspended"),
+        "{verdict:?}\n{object}"
+    );
+    assert!(
+        verdict.argocd_message.contains("spec.suspend"),
+        "{verdict:?}"
+    );
+
+    suspend(false).await;
+    assert!(
+        consumer.wait_for(delivered + 100, KUBELET_STEP).await > delivered,
+        "nothing delivered after the resume\n{}",
+        cluster.operator.log_text()
+    );
+    stop.store(true, Ordering::SeqCst);
+    load.await.unwrap();
+    assert!(
+        db::wait_until_drained(&table, KUBELET_STEP).await,
+        "rows still pending after the resume"
+    );
+    let total = inserted.load(Ordering::SeqCst);
+    consumer.assert_each_id_once(&mut conn, &table, total).await;
+    let events: Vec<String> = cluster
+        .events(&relay)
+        .await
+        .into_iter()
+        .map(|(reason, _)| reason)
+        .filter(|reason| reason == "Suspended" || reason == "Resumed")
+        .collect();
+    assert_eq!(events, ["Suspended", "Resumed"]);
 
     consumer.close().await;
     cluster.shutdown().await;

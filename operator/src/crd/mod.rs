@@ -101,6 +101,12 @@ pub fn crd_yaml() -> String {
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
+    printcolumn(
+        name = "Suspended",
+        type_ = "boolean",
+        json_path = ".spec.suspend",
+        description = "Delivery suspended by spec.suspend"
+    ),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas"),
     printcolumn(name = "Backlog", type_ = "integer", json_path = ".status.backlog"),
     printcolumn(
@@ -141,6 +147,15 @@ pub struct OutboxRelaySpec {
     /// Autoscaling on the backlog of pending rows. Absent: the relay runs `replicas` pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scaling: Option<ScalingSpec>,
+    /// Stop delivery without deleting anything: the relay's Deployment goes to zero pods (each
+    /// finishes its batch in flight, commits and exits), the autoscaler computes nothing, and
+    /// the operator measures the backlog itself, so `status.backlog` still moves. The status
+    /// says `Suspended`. Setting it back to false resumes where delivery stopped: `replicas`
+    /// pods, or with `scaling` the autoscaler starting from zero pods as it does when it wakes
+    /// a relay. Unlike `scaling.paused`, which only freezes the number of pods, nothing is
+    /// delivered while suspended.
+    #[serde(default)]
+    pub suspend: bool,
 }
 
 /// A key in a Secret of the relay's namespace. The value is handed to the relay pods as an
@@ -794,7 +809,8 @@ pub struct OutboxRelayStatus {
     /// The PostgreSQL server's version (e.g. `16.4`), as last measured with the table's health.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres_version: Option<String>,
-    /// Ready, IndexReady, ScalingActive, ScalingLimited and Degraded.
+    /// Ready, IndexReady, ScalingActive, ScalingLimited, Degraded, Reconciling, Stalled, and
+    /// Suspended from the first suspension on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,

@@ -14,6 +14,8 @@ pub const SCALING_LIMITED: &str = "ScalingLimited";
 /// kstatus' conventions (see `progress`): still working towards the spec, or stuck.
 pub const RECONCILING: &str = "Reconciling";
 pub const STALLED: &str = "Stalled";
+/// `spec.suspend` is in force (present from the first suspension on; False once resumed).
+pub const SUSPENDED: &str = "Suspended";
 
 /// The three values Kubernetes allows for `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,7 +31,7 @@ use crate::reconcile::dereference::dereference_secrets;
 use crate::reconcile::error::Error;
 use crate::reconcile::events::{
     self, announce_migration, announce_oom_kills, announce_pod_problem, announce_scaling,
-    announce_vacuum,
+    announce_suspension, announce_vacuum,
 };
 use crate::reconcile::migrate::{MigrationKey, MigrationOutcome, migrate_once};
 use crate::reconcile::observe::{RelayObjects, observe};
@@ -208,6 +208,7 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
     announce_pod_problem(&ctx.recorder, relay, problem, pod_problem_message).await;
     announce_vacuum(&ctx.recorder, relay, &status, &observation.table).await;
     announce_oom_kills(&ctx.recorder, relay, &oom_kills).await;
+    announce_suspension(&ctx.recorder, relay, &status, plan.suspended).await;
     write_status(ctx, relay, &status).await?;
 
     Ok(match (&migration, &plan.scaling) {

@@ -11,6 +11,10 @@ use crate::reconcile::database::PodProblem;
 use crate::reconcile::migrate::MigrationOutcome;
 use crate::reconcile::pods::{OOM_KILLED, OomKill, oom_message};
 use crate::reconcile::recommend::ScalingOutcome;
+use crate::reconcile::suspension::{
+    READY_SUSPENDED, RESUMED, SuspensionChange, resumed_message, suspended_message,
+    suspension_change,
+};
 use crate::reconcile::table_health::{
     VACUUM_BLOCKED, VACUUM_UNBLOCKED, VacuumChange, vacuum_blocked_message, vacuum_change,
     vacuum_unblocked_message,
@@ -147,6 +151,25 @@ pub async fn announce_vacuum(
         VacuumChange::Unchanged => return,
     };
     publish(recorder, relay, type_, reason, "Observe", note).await;
+}
+
+/// A Normal event when `spec.suspend` stops delivery, another when it resumes: two per
+/// suspension, however long it lasts.
+pub async fn announce_suspension(
+    recorder: &Recorder,
+    relay: &OutboxRelay,
+    status: &OutboxRelayStatus,
+    suspended: bool,
+) {
+    let (reason, note) = match suspension_change(relay.status.as_ref(), suspended) {
+        SuspensionChange::Suspended => (READY_SUSPENDED, suspended_message(status)),
+        SuspensionChange::Resumed => (
+            RESUMED,
+            resumed_message(status.desired_replicas.unwrap_or(0)),
+        ),
+        SuspensionChange::Unchanged => return,
+    };
+    publish(recorder, relay, EventType::Normal, reason, "Suspend", note).await;
 }
 
 /// A Warning when relay pods were OOM-killed and Degraded did not already say so.

@@ -9,7 +9,7 @@
 //! | recommend the replicas | [`recommend`] ([`autoscaler`]) | pure |
 //! | build the Deployment | [`build`] | pure |
 //! | apply it, when it changed | [`apply`] | API server |
-//! | compute and write the status | [`status`] ([`conditions`], [`progress`], [`table_health`]), [`apply`] | pure, API server |
+//! | compute and write the status | [`status`] ([`conditions`], [`progress`], [`table_health`], [`suspension`]), [`apply`] | pure, API server |
 //! | on deletion: stop the pods, clean up the database | [`cleanup`] | API server, database |
 //!
 //! [`driver`] runs the steps in that order, behind kube-runtime's finalizer helper: a relay
@@ -37,6 +37,7 @@ pub mod pods;
 pub mod progress;
 pub mod recommend;
 pub mod status;
+pub mod suspension;
 pub mod table_health;
 pub mod validate;
 

@@ -1,7 +1,8 @@
 //! The observe step: the relay's Deployment and its pods as the API server has them, and the
 //! lag as the database has it.
 //!
-//! In manual mode the lag is still observed, so `kubectl get obr` shows the backlog. A lag that
+//! In manual mode, and while suspended, the lag is still observed, so `kubectl get obr` shows
+//! the backlog. A lag that
 //! cannot be read does not stop the reconcile: the autoscaler knows what to do without it (its
 //! fallback), and the status says why. Two answers do stop it: the table claimed by another
 //! relay, and a database that is a read-only standby.
@@ -64,7 +65,8 @@ pub async fn observe(
         .max(0);
     let query = LagQuery {
         relay_name: relay_name.to_string(),
-        running: previous_replicas,
+        // Suspended, the pods are going or gone: the operator counts from the first round on.
+        running: if plan.suspended { 0 } else { previous_replicas },
         stale_after: plan
             .scaling
             .as_ref()

@@ -2,7 +2,9 @@
 //!
 //! In manual mode `spec.replicas` decides. With `spec.scaling` the [`autoscaler`] decides,
 //! with the history this process remembers per relay (like the HPA controller, it starts
-//! afresh after a restart).
+//! afresh after a restart). `spec.suspend` outranks both: zero pods, and the autoscaler is not
+//! asked (its history is kept as it was, and on resume it starts from the zero pods it finds,
+//! as when it wakes a relay scaled to zero).
 //!
 //! [`autoscaler`]: crate::reconcile::autoscaler
 
@@ -34,6 +36,8 @@ pub struct ScalingOutcome {
     /// The autoscaler's observation, for messages.
     pub observation: Option<Observation>,
     pub last_scale_time: Option<DateTime<Utc>>,
+    /// `spec.suspend`: zero pods whatever the backlog; nothing was recommended.
+    pub suspended: bool,
 }
 
 impl ScalingOutcome {
@@ -55,6 +59,19 @@ pub fn recommend_replicas(
         Ok(lag) => (Some(lag.clone()), None),
         Err(problem) => (None, Some(problem.clone())),
     };
+    if plan.suspended {
+        let outcome = ScalingOutcome {
+            replicas: 0,
+            previous,
+            lag,
+            lag_problem,
+            recommendation: None,
+            observation: None,
+            last_scale_time: history.and_then(|h| h.last_scale_time),
+            suspended: true,
+        };
+        return (outcome, None);
+    }
     let (Some(scaling), Some(scaling_plan)) = (&spec.scaling, &plan.scaling) else {
         let outcome = ScalingOutcome {
             replicas: spec.replicas.max(0),
@@ -64,6 +81,7 @@ pub fn recommend_replicas(
             recommendation: None,
             observation: None,
             last_scale_time: None,
+            suspended: false,
         };
         return (outcome, None);
     };
@@ -85,6 +103,7 @@ pub fn recommend_replicas(
         recommendation: Some(recommendation),
         observation: Some(observation),
         last_scale_time: history.last_scale_time,
+        suspended: false,
     };
     (outcome, Some(history))
 }

@@ -19,6 +19,7 @@ use crate::reconcile::migrate::MigrationOutcome;
 use crate::reconcile::pods::{OOM_KILLED, OomKill, oom_message};
 use crate::reconcile::progress::Progress;
 use crate::reconcile::recommend::ScalingOutcome;
+use crate::reconcile::suspension::{READY_SUSPENDED, suspended_condition, suspended_message};
 use crate::reconcile::table_health::{VACUUM_BLOCKED, table_health_status, vacuum_blocked_message};
 
 /// What a successful pass through the pipeline saw.
@@ -79,6 +80,12 @@ pub fn healthy_status(
         .as_ref()
         .and_then(|l| l.problem.as_ref());
     let (ready, degraded, progress) = match problem {
+        // Zero pods is what the spec asks for: reached, not in progress (kstatus: Current).
+        _ if observed.scaling.suspended => (
+            NewCondition::new(READY, true, READY_SUSPENDED, suspended_message(&status)),
+            table_degraded(&status, &observed.table),
+            Progress::Done,
+        ),
         // The pods run but cannot relay: that outranks how far the rollout got, and it takes
         // a person (an exchange to declare, a password to fix).
         Some(problem) => {
@@ -112,25 +119,32 @@ pub fn healthy_status(
         None => {
             let ready = progress_condition(observed, index_ready);
             let progress = rollout_progress(&ready, observed.deployment);
-            // The relay still runs while VACUUM is blocked: Degraded, not un-Ready.
-            let degraded = match status.table_health.as_ref().filter(|h| h.vacuum_blocked) {
-                Some(health) => NewCondition::new(
-                    DEGRADED,
-                    true,
-                    VACUUM_BLOCKED,
-                    vacuum_blocked_message(health, &observed.table),
-                ),
-                None => NewCondition::new(DEGRADED, false, "AsExpected", "no problems found"),
-            };
-            (ready, degraded, progress)
+            (ready, table_degraded(&status, &observed.table), progress)
         }
     };
+    if let Some(suspended) = suspended_condition(&status, observed.scaling.suspended) {
+        set_condition(&mut status.conditions, suspended, generation, now);
+    }
     set_condition(&mut status.conditions, ready, generation, now);
     set_condition(&mut status.conditions, degraded, generation, now);
     for condition in progress.conditions() {
         set_condition(&mut status.conditions, condition, generation, now);
     }
     status
+}
+
+/// Degraded as the table's health has it: the relay still runs while VACUUM is blocked, so
+/// Degraded, not un-Ready.
+fn table_degraded(status: &OutboxRelayStatus, table: &str) -> NewCondition {
+    match status.table_health.as_ref().filter(|h| h.vacuum_blocked) {
+        Some(health) => NewCondition::new(
+            DEGRADED,
+            true,
+            VACUUM_BLOCKED,
+            vacuum_blocked_message(health, table),
+        ),
+        None => NewCondition::new(DEGRADED, false, "AsExpected", "no problems found"),
+    }
 }
 
 /// Progress as far as Ready tells it: done once Ready, else working on it, unless the
@@ -256,6 +270,14 @@ fn apply_lag(status: &mut OutboxRelayStatus, scaling: &ScalingOutcome) {
 /// ScalingActive (can the autoscaler compute from fresh data?) and ScalingLimited (is the
 /// recommendation held back from what the backlog asks for?), named as the HPA names them.
 pub fn scaling_conditions(scaling: &ScalingOutcome) -> (NewCondition, NewCondition) {
+    if scaling.suspended {
+        let message =
+            "delivery is suspended by spec.suspend: zero pods, the autoscaler computes nothing";
+        return (
+            NewCondition::new(SCALING_ACTIVE, false, READY_SUSPENDED, message),
+            NewCondition::new(SCALING_LIMITED, false, READY_SUSPENDED, message),
+        );
+    }
     let (Some(recommendation), Some(observation)) = (&scaling.recommendation, &scaling.observation)
     else {
         let message = format!(
@@ -393,7 +415,7 @@ fn rollout_condition(observed: &Observation<'_>) -> NewCondition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::conditions::{RECONCILING, STALLED};
+    use crate::reconcile::conditions::{RECONCILING, STALLED, SUSPENDED};
     use k8s_openapi::api::apps::v1::{DeploymentCondition, DeploymentStatus};
     use outbox_relay::table::migrate::MigrationReport;
 
@@ -453,6 +475,7 @@ mod tests {
             recommendation: None,
             observation: None,
             last_scale_time: None,
+            suspended: false,
         })
     }
 
@@ -560,6 +583,59 @@ mod tests {
         let d = deployment(0, 0);
         let status = healthy_status(None, &observe(&migrated, &d, 0), at(10));
         assert_eq!(condition(&status, READY), ("True", "ScaledToZero"));
+    }
+
+    #[test]
+    fn a_suspended_relay_is_ready_and_suspended_not_reconciling_and_says_the_backlog() {
+        let migrated = MigrationOutcome::AlreadyMigrated;
+        // Two pods still finishing their batches, an OOM kill among them: suspended wins.
+        let d = deployment(2, 0);
+        let mut scaling = manual().clone();
+        scaling.replicas = 0;
+        scaling.suspended = true;
+        scaling.lag = Some(crate::reconcile::database::LagObservation {
+            backlog: Some(700),
+            oldest_age_seconds: Some(12.0),
+            measured_by_operator: true,
+            ..Default::default()
+        });
+        let kills = [oom_kill(true)];
+        let observed = Observation {
+            scaling: &scaling,
+            oom_kills: &kills,
+            ..observe(&migrated, &d, 0)
+        };
+        let suspended = healthy_status(None, &observed, at(10));
+        assert_eq!(condition(&suspended, READY), ("True", "Suspended"));
+        assert_eq!(
+            condition(&suspended, SUSPENDED),
+            ("True", "SuspendedBySpec")
+        );
+        assert_eq!(condition(&suspended, RECONCILING).0, "False");
+        assert_eq!(condition(&suspended, STALLED).0, "False");
+        assert_eq!(
+            condition(&suspended, SCALING_ACTIVE),
+            ("False", "Suspended")
+        );
+        assert_eq!(suspended.backlog, Some(700));
+        assert_eq!(suspended.desired_replicas, Some(0));
+        let message = &conditions::find(&suspended.conditions, SUSPENDED)
+            .unwrap()
+            .message;
+        assert!(
+            message.contains("spec.suspend") && message.contains("700 rows wait"),
+            "{message}"
+        );
+        assert!(message.contains("2 relay pods are finishing"), "{message}");
+
+        // Resumed: the condition stays, False, and the rollout decides Ready again.
+        let d = deployment(1, 0);
+        let resumed = healthy_status(Some(&suspended), &observe(&migrated, &d, 1), at(20));
+        assert_eq!(condition(&resumed, SUSPENDED), ("False", "Resumed"));
+        assert_eq!(condition(&resumed, READY), ("False", "Progressing"));
+        // A relay never suspended has no Suspended condition at all.
+        let never = healthy_status(None, &observe(&migrated, &d, 1), at(20));
+        assert!(conditions::find(&never.conditions, SUSPENDED).is_none());
     }
 
     #[test]

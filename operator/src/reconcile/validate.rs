@@ -63,6 +63,8 @@ pub struct RelayPlan {
     /// A cleanup horizon older than this makes the relay Degraded (VacuumBlocked).
     pub vacuum_blocked_after: Duration,
     pub scaling: Option<ScalingPlan>,
+    /// `spec.suspend`: no pods, the autoscaler skipped, the backlog counted by the operator.
+    pub suspended: bool,
 }
 
 /// Collects problems as the checks go, so the user sees all of them at once.
@@ -260,6 +262,7 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         processed_retention: processed_retention.flatten(),
         vacuum_blocked_after,
         scaling: scaling.flatten(),
+        suspended: spec.suspend,
     })
 }
 

@@ -30,7 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Relay pending rows to the broker until SIGTERM.
+    /// Relay pending rows to the broker until SIGTERM (SIGUSR1 suspends delivery, SIGUSR2
+    /// resumes it).
     Run(Box<RunArgs>),
     /// Create the pending-row index, the report table and queue-friendly autovacuum settings.
     Migrate(migrate::MigrateArgs),
@@ -45,14 +46,14 @@ enum Command {
 }
 
 /// Parses the command line and runs the command.
-/// `run` listens for SIGTERM and SIGINT before the runtime starts (see [`signals`]); the other
-/// commands keep the signals' default action.
+/// `run` listens for SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 before the runtime starts (see
+/// [`signals`]); the other commands keep the signals' default action.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let shutdown = match &cli.command {
+    let signals = match &cli.command {
         Command::Run(_) => match signals::listen() {
-            Ok(token) => Some(token),
-            Err(e) => return shared::failure(format!("cannot listen for SIGTERM: {e}")),
+            Ok(signals) => Some(signals),
+            Err(e) => return shared::failure(format!("cannot listen for signals: {e}")),
         },
         _ => None,
     };
@@ -65,7 +66,13 @@ pub fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run(args) => run::command(*args, shutdown.unwrap_or_default()).await,
+            Command::Run(args) => {
+                let (shutdown, suspension) = match signals {
+                    Some(s) => (s.shutdown, s.suspension),
+                    None => Default::default(),
+                };
+                run::command(*args, shutdown, suspension).await
+            }
             Command::Migrate(args) => migrate::command(args).await,
             Command::Lag(args) => lag::command(args).await,
             Command::Seed(args) => seed::command(args).await,

@@ -8,15 +8,21 @@ use super::shared::{failure, init_logs, usage_error};
 use crate::config::{RunArgs, resolve_run};
 use crate::metrics::Metrics;
 use crate::runtime::run;
+use crate::runtime::suspend::Suspension;
 
-/// Runs the relay until `shutdown` is cancelled (by SIGTERM or SIGINT, see `signals`).
-pub async fn command(args: RunArgs, shutdown: CancellationToken) -> ExitCode {
+/// Runs the relay until `shutdown` is cancelled (by SIGTERM or SIGINT, see `signals`), with
+/// delivery suspended while `suspension` says so (SIGUSR1 until SIGUSR2).
+pub async fn command(
+    args: RunArgs,
+    shutdown: CancellationToken,
+    suspension: Suspension,
+) -> ExitCode {
     let config = match resolve_run(&args) {
         Ok(config) => config,
         Err(e) => return usage_error(e),
     };
     init_logs(config.log_format);
-    match run::run(config, Metrics::new(), shutdown).await {
+    match run::run(config, Metrics::new(), shutdown, suspension).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_user_error() => usage_error(e),
         Err(e) => failure(e),

@@ -1,4 +1,10 @@
-//! SIGTERM and SIGINT for `run`: listened for before the async runtime exists.
+//! The signals of `run`, listened for before the async runtime exists: SIGTERM and SIGINT
+//! stop the relay (the batches in flight finish), SIGUSR1 suspends delivery and SIGUSR2
+//! resumes it (see `runtime::suspend`).
+//!
+//! Signals rather than an endpoint on the metrics port: that port is often reachable by
+//! whatever scrapes it, and has no authentication; a signal takes the rights of the process's
+//! owner, as SIGTERM already does.
 //!
 //! A pod stopped while it starts up must stop cleanly, not die of the signal's default action.
 //! Listening from inside the multi-threaded runtime leaves a window: tokio installs the
@@ -6,27 +12,39 @@
 //! the I/O driver can take a signal that lands in between and broadcast it to nobody (seen
 //! under load in CI). Here the listeners are made on a thread of their own, with a
 //! current-thread runtime, before any other runtime exists: nothing can broadcast until that
-//! thread's future yields, which is after both listeners are in place.
+//! thread's future yields, which is after every listener is in place.
 //!
 //! One more window sits inside the registration itself: signal-hook-registry (under tokio)
 //! installs the process's handler before it stores the action the handler calls, and a signal
 //! landing in between is dropped as if it were ignored (seen in CI: SIGTERM sent the moment
-//! `/proc/<pid>/status` showed it caught was lost). So SIGTERM and SIGINT are blocked while the
+//! `/proc/<pid>/status` showed it caught was lost). So the four signals are blocked while the
 //! listeners are made: one that arrives then stays pending and is delivered when the mask is
-//! restored, to a handler that is complete by then.
+//! restored, to a handler that is complete by then. (SIGUSR1's default action ends the process,
+//! so one sent in that window would otherwise kill a relay that meant to listen for it.)
 
 use std::sync::mpsc;
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-/// Returns a token that the first SIGTERM or SIGINT cancels, once both are being listened for.
-pub fn listen() -> std::io::Result<CancellationToken> {
+use crate::runtime::suspend::{Suspension, switch};
+
+/// What the signals of `run` steer.
+pub struct Signals {
+    /// Cancelled by the first SIGTERM or SIGINT.
+    pub shutdown: CancellationToken,
+    /// Suspended by SIGUSR1, resumed by SIGUSR2.
+    pub suspension: Suspension,
+}
+
+/// Returns what the signals steer, once all four are being listened for.
+pub fn listen() -> std::io::Result<Signals> {
     // The signal thread inherits the block; it is lifted here (on the only other thread) once
-    // both listeners exist.
+    // every listener exists.
     let _held = HeldSignals::block()?;
     let token = CancellationToken::new();
     let cancel = token.clone();
+    let (suspend_switch, suspension) = switch();
     let (ready, is_ready) = mpsc::channel::<std::io::Result<()>>();
     std::thread::Builder::new()
         .name("signals".into())
@@ -42,9 +60,15 @@ pub fn listen() -> std::io::Result<CancellationToken> {
                 }
             };
             runtime.block_on(async move {
-                let listeners = signal(SignalKind::terminate())
-                    .and_then(|term| Ok((term, signal(SignalKind::interrupt())?)));
-                let (mut term, mut interrupt) = match listeners {
+                let listeners = (|| {
+                    Ok::<_, std::io::Error>((
+                        signal(SignalKind::terminate())?,
+                        signal(SignalKind::interrupt())?,
+                        signal(SignalKind::user_defined1())?,
+                        signal(SignalKind::user_defined2())?,
+                    ))
+                })();
+                let (mut term, mut interrupt, mut suspend, mut resume) = match listeners {
                     Ok(listeners) => listeners,
                     Err(e) => {
                         let _ = ready.send(Err(e));
@@ -52,22 +76,27 @@ pub fn listen() -> std::io::Result<CancellationToken> {
                     }
                 };
                 let _ = ready.send(Ok(()));
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = interrupt.recv() => {}
+                // A second SIGTERM is caught and ignored: the batches in flight finish.
+                loop {
+                    tokio::select! {
+                        _ = term.recv() => cancel.cancel(),
+                        _ = interrupt.recv() => cancel.cancel(),
+                        _ = suspend.recv() => suspend_switch.set(true),
+                        _ = resume.recv() => suspend_switch.set(false),
+                    }
                 }
-                cancel.cancel();
-                // Later signals are still caught (and ignored): the batches in flight finish.
-                std::future::pending::<()>().await;
             });
         })?;
     is_ready
         .recv()
         .map_err(|_| std::io::Error::other("the signal thread ended before listening"))??;
-    Ok(token)
+    Ok(Signals {
+        shutdown: token,
+        suspension,
+    })
 }
 
-/// SIGTERM and SIGINT blocked on the calling thread until dropped, when its previous mask is
+/// SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 blocked on the calling thread until dropped, when its previous mask is
 /// restored (and a signal that arrived meanwhile is delivered).
 struct HeldSignals {
     previous: libc::sigset_t,
@@ -84,6 +113,8 @@ impl HeldSignals {
             libc::sigemptyset(&mut held);
             libc::sigaddset(&mut held, libc::SIGTERM);
             libc::sigaddset(&mut held, libc::SIGINT);
+            libc::sigaddset(&mut held, libc::SIGUSR1);
+            libc::sigaddset(&mut held, libc::SIGUSR2);
             match libc::pthread_sigmask(libc::SIG_BLOCK, &held, &mut previous) {
                 0 => Ok(Self { previous }),
                 errno => Err(std::io::Error::from_raw_os_error(errno)),

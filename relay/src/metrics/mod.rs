@@ -97,6 +97,9 @@ pub struct Metrics {
     pub database_connections_discarded: IntCounter,
     pub broker_connected: IntGauge,
     pub workers_busy: IntGauge,
+    /// 1 while delivery is suspended (SIGUSR1 until SIGUSR2): no claims, the backlog still
+    /// measured.
+    pub suspended: IntGauge,
     /// When this process last wrote its lag report (Unix seconds): an alert sees it go stale.
     pub last_report_timestamp: Gauge,
     pub table: TableHealthMetrics,
@@ -230,6 +233,14 @@ impl Metrics {
                 IntGauge::new(
                     "outbox_relay_workers_busy",
                     "Workers with a batch in flight",
+                ),
+            ),
+            suspended: registered(
+                r,
+                IntGauge::new(
+                    "outbox_relay_suspended",
+                    "1 while delivery is suspended (SIGUSR1; SIGUSR2 resumes): workers claim \
+                     nothing, the backlog is still measured",
                 ),
             ),
             last_report_timestamp: registered(

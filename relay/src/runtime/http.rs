@@ -1,6 +1,8 @@
 //! The relay's HTTP endpoints: `/metrics` for Prometheus, `/healthz` (the process is alive)
 //! and `/readyz` (at least one worker is connected to both PostgreSQL and the broker; when not,
-//! the body names the reason if one is known).
+//! the body names the reason if one is known). A suspended relay stays ready: it could deliver
+//! and was told not to, which is no reason for a probe to restart it or a load balancer to
+//! count it out; the body says `delivery: suspended`.
 
 use std::net::SocketAddr;
 
@@ -50,6 +52,11 @@ async fn readiness(State(endpoints): State<Endpoints>) -> impl IntoResponse {
         StatusCode::SERVICE_UNAVAILABLE
     };
     body.push_str(&format!("database: {}\nbroker: {}\n", up(db), up(broker)));
+    body.push_str(if endpoints.metrics.suspended.get() > 0 {
+        "delivery: suspended (SIGUSR2 resumes)\n"
+    } else {
+        "delivery: running\n"
+    });
     (status, body)
 }
 

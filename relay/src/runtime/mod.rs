@@ -10,4 +10,5 @@ pub mod listener;
 pub mod nacks;
 pub mod reporter;
 pub mod run;
+pub mod suspend;
 pub mod worker;

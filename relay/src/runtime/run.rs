@@ -20,6 +20,7 @@ use crate::protocol::batch::BatchSettings;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::reporter::{ReporterContext, run_reporter};
+use crate::runtime::suspend::Suspension;
 use crate::runtime::worker::{WorkerContext, run_worker};
 use crate::table::inspect::{InspectError, TableShape, inspect_with};
 use crate::table::migrate::notify_channel;
@@ -136,13 +137,15 @@ fn claim_database(config: &RelayConfig) -> (DatabaseTarget, PoolMode) {
     }
 }
 
-/// Runs the relay until `shutdown` is cancelled, then lets the batches in flight finish. Its
-/// span names the relay on every log line of the process, the workers' included.
+/// Runs the relay until `shutdown` is cancelled, then lets the batches in flight finish; while
+/// `suspension` says so, the workers claim nothing. Its span names the relay on every log line
+/// of the process, the workers' included.
 #[instrument(name = "relay", skip_all, fields(relay = %config.db.relay_name))]
 pub async fn run(
     config: RelayConfig,
     metrics: Metrics,
     shutdown: CancellationToken,
+    suspension: Suspension,
 ) -> Result<(), RunError> {
     if !config.publisher_confirms {
         warn!(
@@ -214,6 +217,7 @@ pub async fn run(
         health: health.clone(),
         lanes_of: (config.db.table.ordering == DeliveryOrder::PerKey)
             .then(|| config.db.relay_name.clone()),
+        suspension: suspension.clone(),
     };
     let mut workers = tokio::task::JoinSet::new();
     match config.broker_protocol {
@@ -262,6 +266,11 @@ pub async fn run(
     }
 
     let background_stop = CancellationToken::new();
+    let announcer = tokio::spawn(
+        suspension
+            .announce(metrics.suspended.clone(), background_stop.clone())
+            .in_current_span(),
+    );
     // A LISTEN lasts a session: under a transaction pool it goes to --session-database-url
     // (config resolution refused --listen without one).
     let listen_database = config
@@ -324,6 +333,7 @@ pub async fn run(
     .await;
     background_stop.cancel();
     let _ = reporter.await;
+    let _ = announcer.await;
     if let Some(listener) = listener {
         let _ = listener.await;
     }

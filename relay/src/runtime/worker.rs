@@ -24,6 +24,7 @@ use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::lanes::Lanes;
 use crate::runtime::nacks::NackPause;
+use crate::runtime::suspend::Suspension;
 use crate::table::sql::Statements;
 
 /// What every worker of a process shares. `C` opens the publishers: the worker never names a
@@ -45,6 +46,8 @@ pub struct WorkerContext<C> {
     /// Under per-key ordering, the relay name whose lanes the workers hold ([`Lanes`]);
     /// None: unordered.
     pub lanes_of: Option<String>,
+    /// While suspended (SIGUSR1), the worker claims nothing.
+    pub suspension: Suspension,
 }
 
 impl<C> WorkerContext<C> {
@@ -62,6 +65,7 @@ impl<C> WorkerContext<C> {
             published_total: self.published_total,
             health: self.health,
             lanes_of: self.lanes_of,
+            suspension: self.suspension,
         }
     }
 }
@@ -163,8 +167,14 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
     let mut lanes = ctx.lanes_of.as_deref().map(Lanes::new);
     // The pause after the broker's nacks: its state, never the messages' fault.
     let mut nacks = NackPause::default();
+    let mut suspension = ctx.suspension.clone();
 
     while !ctx.shutdown.is_cancelled() {
+        // Checked before each claim: the batch in hand is finished first, and the connections
+        // stay open while suspended (readiness still says whether the relay could deliver).
+        if suspension.wait_while_suspended(&ctx.shutdown).await {
+            continue;
+        }
         let refusals = &ctx.metrics.database_standby_refusals;
         let connected = db
             .ensure(crate::database::connect_counted(&ctx.database, refusals))

@@ -33,4 +33,5 @@ mod reports;
 mod secure_broker;
 mod secure_postgres;
 mod settling_claim;
+mod suspend;
 mod table_health;

@@ -106,6 +106,7 @@ fn settled_relay(generation: i64) -> (OutboxRelay, serde_json::Value) {
         recommendation: None,
         observation: None,
         last_scale_time: None,
+        suspended: false,
     };
     let plan = validate(&relay.spec).unwrap();
     let observation = Observation {

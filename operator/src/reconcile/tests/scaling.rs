@@ -149,3 +149,101 @@ async fn stale_reports_run_the_fallback_never_zero() {
         "the CRD's default"
     );
 }
+
+/// `spec.suspend` under autoscaling: whatever the backlog, zero pods; the autoscaler is not
+/// asked (no ScaledDown event, its conditions say Suspended), the operator counts the backlog
+/// itself from this round on, and one Suspended event marks it.
+#[tokio::test]
+async fn a_suspended_relay_goes_to_zero_pods_and_the_operator_measures_the_backlog() {
+    let mut relay = scaling_relay(2, 10, 100);
+    relay.spec.suspend = true;
+    // Three pods run; a backlog that would ask for ten.
+    let live = live_deployment(&relay, 3);
+    let outcome = Scenario::new(relay)
+        .migrated_before()
+        .database(|db| {
+            db.lag(|query| {
+                Ok(LagObservation {
+                    backlog: Some(5_000),
+                    ..nothing_reported(query)
+                })
+            })
+        })
+        .reads_secrets()
+        .finds_deployment(live)
+        .applies_deployment(2, 0, |body| assert_eq!(body["spec"]["replicas"], 0))
+        .event("DeploymentUpdated")
+        .event_checked("Suspended", |body| {
+            assert_eq!(body["type"], "Normal");
+            let note = body["note"].as_str().unwrap_or_default();
+            assert!(
+                note.contains("suspended by spec.suspend") && note.contains("5000 rows wait"),
+                "{note}"
+            );
+        })
+        .writes_status(|status| {
+            assert_eq!(status.desired_replicas, Some(0));
+            assert_eq!(status.backlog, Some(5_000));
+            assert_conditions(
+                status,
+                &[
+                    ("Suspended", "True", "SuspendedBySpec"),
+                    ("Ready", "True", "Suspended"),
+                    ("Reconciling", "False", "Reconciled"),
+                    ("Stalled", "False", "Reconciled"),
+                    ("ScalingActive", "False", "Suspended"),
+                ],
+            );
+        })
+        .run()
+        .await;
+    // Asked with no pod counted as running, although three still did: the operator counts.
+    assert_eq!(lag_queries(&outcome.database)[0].running, 0);
+}
+
+/// `suspend: false` again: the autoscaler starts from the zero pods it finds, on the backlog
+/// the operator measured, and one Resumed event marks it.
+#[tokio::test]
+async fn a_resumed_relay_scales_from_zero_on_the_measured_backlog() {
+    let mut relay = scaling_relay(1, 10, 100);
+    let mut suspended_status: crate::crd::OutboxRelayStatus = serde_json::from_value(json!({
+        "conditions": [{"type": "Suspended", "status": "True", "reason": "SuspendedBySpec",
+            "message": "delivery is suspended", "lastTransitionTime": "2026-12-05T06:00:00Z"}]
+    }))
+    .unwrap();
+    suspended_status.replicas = Some(0);
+    relay.status = Some(suspended_status);
+    let live = live_deployment(&relay, 0);
+    let outcome = Scenario::new(relay)
+        .migrated_before()
+        .database(|db| {
+            db.lag(|query| {
+                Ok(LagObservation {
+                    backlog: Some(5_000),
+                    ..nothing_reported(query)
+                })
+            })
+        })
+        .reads_secrets()
+        .finds_deployment(live)
+        // 50 asked for; from zero the default policies allow four.
+        .applies_deployment(2, 0, |body| assert_eq!(body["spec"]["replicas"], 4))
+        .event("DeploymentUpdated")
+        .event("ScaledUp")
+        .event_checked("Resumed", |body| {
+            let note = body["note"].as_str().unwrap_or_default();
+            assert!(note.contains("4 relay pods asked for"), "{note}");
+        })
+        .writes_status(|status| {
+            assert_conditions(
+                status,
+                &[
+                    ("Suspended", "False", "Resumed"),
+                    ("ScalingActive", "True", "ValidBacklog"),
+                ],
+            );
+        })
+        .run()
+        .await;
+    assert_eq!(lag_queries(&outcome.database)[0].running, 0);
+}
