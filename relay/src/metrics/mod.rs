@@ -97,6 +97,10 @@ pub struct Metrics {
     pub database_connections_discarded: IntCounter,
     pub broker_connected: IntGauge,
     pub workers_busy: IntGauge,
+    /// Seconds the workers waited for rate-limit permits (summed over workers).
+    pub rate_limit_wait_seconds: prometheus::Counter,
+    /// The rate limit in force, in messages per second; 0: none.
+    pub rate_limit: Gauge,
     /// When this process last wrote its lag report (Unix seconds): an alert sees it go stale.
     pub last_report_timestamp: Gauge,
     pub table: TableHealthMetrics,
@@ -230,6 +234,23 @@ impl Metrics {
                 IntGauge::new(
                     "outbox_relay_workers_busy",
                     "Workers with a batch in flight",
+                ),
+            ),
+            rate_limit_wait_seconds: registered(
+                r,
+                prometheus::Counter::new(
+                    "outbox_relay_rate_limit_wait_seconds_total",
+                    "Seconds the workers waited for rate-limit permits before claiming, summed \
+                     over workers: growing about as fast as the workers' count times the clock \
+                     means the limit, not the broker or the database, holds the relay back",
+                ),
+            ),
+            rate_limit: registered(
+                r,
+                Gauge::new(
+                    "outbox_relay_rate_limit_messages_per_second",
+                    "The rate limit in force in this process (the smaller of --max-rate and \
+                     the pod's share of spec.relay.maxRate); 0 when there is none",
                 ),
             ),
             last_report_timestamp: registered(
