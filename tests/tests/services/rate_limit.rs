@@ -35,16 +35,13 @@ async fn max_rate_holds_the_relay_to_its_limit() {
             "100",
             "--workers",
             "2",
-            "--report-interval",
-            "500ms",
         ],
     );
     let mut relay = process::spawn_relay(&name, &args);
 
     // Timed from the first message, so the relay's start-up does not count.
-    assert_eq!(
-        consumer.wait_for(1, Duration::from_secs(30)).await,
-        1,
+    assert!(
+        consumer.wait_for(1, Duration::from_secs(30)).await >= 1,
         "{}",
         relay.log_text()
     );
@@ -131,7 +128,7 @@ async fn the_share_in_the_limits_table_is_followed_under_the_ceiling() {
     let args = process::run_args(
         &name,
         &name,
-        &["--max-rate", "100", "--report-interval", "500ms"],
+        &["--max-rate", "100"],
     );
     let mut relay = process::spawn_relay(&name, &args);
     let addr = relay.metrics_addr().await;
