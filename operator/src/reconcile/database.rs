@@ -135,8 +135,9 @@ impl LagObservation {
     /// True while the pods that have a limit publish at [`HELD_BACK_SHARE`] of it or more:
     /// the limit, not the broker or the database, is what holds them back.
     pub fn held_back_by_rate_limit(&self) -> bool {
-        self.max_rate
-            .is_some_and(|limit| limit > 0.0 && self.limited_publish_rate >= HELD_BACK_SHARE * limit)
+        self.max_rate.is_some_and(|limit| {
+            limit > 0.0 && self.limited_publish_rate >= HELD_BACK_SHARE * limit
+        })
     }
 }
 

@@ -241,7 +241,15 @@ async fn report_once(
     rate: f64,
 ) -> Result<(), ReportError> {
     let reports = &ctx.reports_table;
-    match read_share_into(conn, ctx.pool_mode, &ctx.limits_table, &ctx.relay, &ctx.rate).await {
+    match read_share_into(
+        conn,
+        ctx.pool_mode,
+        &ctx.limits_table,
+        &ctx.relay,
+        &ctx.rate,
+    )
+    .await
+    {
         Ok(change) => say_limit_change(change, "this pod's share of spec.relay.maxRate changed"),
         // The limit in force stays as it is; the report goes on.
         Err(e) if !state.told_share_unreadable => {
@@ -314,10 +322,7 @@ async fn report_once(
         problem: ctx.health.problem(),
         table_health,
         max_rate: ctx.rate.in_force(),
-        rate_limited_seconds: ctx
-            .rate
-            .in_force()
-            .map(|_| ctx.rate.take_waited_seconds()),
+        rate_limited_seconds: ctx.rate.in_force().map(|_| ctx.rate.take_waited_seconds()),
     };
     let stored = upsert_report_with(conn, reports, &report, ctx.pool_mode)
         .await
@@ -358,7 +363,10 @@ pub fn say_limit_change(change: LimitChange, why: &str) {
     match change {
         LimitChange::Unchanged => {}
         LimitChange::Now(Some(rate)) => {
-            info!(max_rate = rate, "rate limit in force: {rate} messages per second ({why})");
+            info!(
+                max_rate = rate,
+                "rate limit in force: {rate} messages per second ({why})"
+            );
         }
         LimitChange::Now(None) => info!("no rate limit in force any more ({why})"),
     }

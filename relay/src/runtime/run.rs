@@ -94,8 +94,7 @@ async fn inspect_with_retry(
                     let limits = config.db.table.limits_table();
                     let relay = &config.db.relay_name;
                     if let Ok(change) =
-                        read_share_into(&mut conn, config.db.pool_mode, &limits, relay, rate)
-                            .await
+                        read_share_into(&mut conn, config.db.pool_mode, &limits, relay, rate).await
                     {
                         say_limit_change(change, "this pod's share of spec.relay.maxRate");
                     }

@@ -231,7 +231,11 @@ pub async fn upsert_report_with(
 impl Stored {
     /// From the newest columns down: a table not migrated since a release added columns
     /// still takes what it has columns for.
-    const TIERS: [Stored; 3] = [Stored::Everything, Stored::WithoutRateLimit, Stored::LagOnly];
+    const TIERS: [Stored; 3] = [
+        Stored::Everything,
+        Stored::WithoutRateLimit,
+        Stored::LagOnly,
+    ];
 }
 
 async fn write_report(

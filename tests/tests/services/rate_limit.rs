@@ -28,14 +28,7 @@ async fn max_rate_holds_the_relay_to_its_limit() {
     let args = process::run_args(
         &name,
         &name,
-        &[
-            "--max-rate",
-            "500",
-            "--batch-size",
-            "100",
-            "--workers",
-            "2",
-        ],
+        &["--max-rate", "500", "--batch-size", "100", "--workers", "2"],
     );
     let mut relay = process::spawn_relay(&name, &args);
 
@@ -72,20 +65,24 @@ async fn max_rate_holds_the_relay_to_its_limit() {
 
     // The lag report carries the limit in force, for the operator.
     let reports_table = table.reports_table();
-    let reported = outbox_tests::wait::holds("the report names the limit", Duration::from_secs(10), || {
-        let (t, n) = (reports_table.clone(), name.clone());
-        async move {
-            let reports = read_reports(&mut db::connect().await, &t, &n, 30.0).await.unwrap();
-            reports.first().and_then(|r| r.max_rate) == Some(500.0)
-        }
-    })
+    let reported = outbox_tests::wait::holds(
+        "the report names the limit",
+        Duration::from_secs(10),
+        || {
+            let (t, n) = (reports_table.clone(), name.clone());
+            async move {
+                let reports = read_reports(&mut db::connect().await, &t, &n, 30.0)
+                    .await
+                    .unwrap();
+                reports.first().and_then(|r| r.max_rate) == Some(500.0)
+            }
+        },
+    )
     .await;
     assert!(reported, "{}", relay.log_text());
 
     assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
-    consumer
-        .assert_each_id_once(&mut conn, &table, 2_000)
-        .await;
+    consumer.assert_each_id_once(&mut conn, &table, 2_000).await;
     consumer.close().await;
 }
 
@@ -125,11 +122,7 @@ async fn the_share_in_the_limits_table_is_followed_under_the_ceiling() {
         .await
         .unwrap();
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
-    let args = process::run_args(
-        &name,
-        &name,
-        &["--max-rate", "100"],
-    );
+    let args = process::run_args(&name, &name, &["--max-rate", "100"]);
     let mut relay = process::spawn_relay(&name, &args);
     let addr = relay.metrics_addr().await;
     assert!(

@@ -90,7 +90,12 @@ async fn write_rate_share(
     let mut conn = connect(target).await?;
     let result = write_share(&mut conn, &plan.table.limits_table(), relay_name, share).await;
     let _ = conn.close().await;
-    result.map_err(|e| Error::ObserveLag(redact(&format!("writing the rate-limit share: {e}"), database_url)))
+    result.map_err(|e| {
+        Error::ObserveLag(redact(
+            &format!("writing the rate-limit share: {e}"),
+            database_url,
+        ))
+    })
 }
 
 /// Removes what the migration created (when asked and the table is still this relay's), then
