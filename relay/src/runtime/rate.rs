@@ -185,12 +185,9 @@ impl RateGate {
             let started = Instant::now();
             // Only a wait that slept counts: the check itself takes nanoseconds.
             let mut slept = false;
-            loop {
-                // lacking ≤ claim = burst, so capacity always suffices; Err(InsufficientCapacity)
-                // cannot happen, and is treated as "go ahead" rather than a panic.
-                let Ok(Err(not_yet)) = limiter.gcra.check_n(lacking) else {
-                    break;
-                };
+            // lacking ≤ claim = burst, so capacity always suffices; Err(InsufficientCapacity)
+            // cannot happen, and is treated as "go ahead" rather than a panic.
+            while let Ok(Err(not_yet)) = limiter.gcra.check_n(lacking) {
                 let wait = not_yet.wait_time_from(limiter.gcra.clock().now());
                 slept = true;
                 tokio::select! {
