@@ -82,8 +82,9 @@ struct Args {
     /// Seconds of steady inserts in latency mode.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
-    /// Relay settings tried besides the defaults, as wN-bM (workers, batch size); "none" skips
-    /// the sweep.
+    /// Relay settings tried besides the defaults, as wN-bM (workers, batch size), with -iK
+    /// (publish slots) and -rR (--max-rate R messages per second) optional; "none" skips the
+    /// sweep.
     #[arg(long, value_delimiter = ',')]
     sweep: Vec<String>,
     /// Key counts of the per-key ordered contenders (`--ordering per-key` on a table whose
@@ -142,7 +143,7 @@ const DEFAULT_SWEEP: [(usize, usize, Option<usize>); 8] = [
     (4, 1000, Some(0)),
 ];
 
-/// Parses the --sweep list ("w4-b1000,w2-b500-i0,…" or "none").
+/// Parses the --sweep list ("w4-b1000,w2-b500-i0,w2-b500-r5000,…" or "none").
 fn sweep_from(args: &[String]) -> anyhow::Result<Vec<RelaySettings>> {
     if args.is_empty() {
         return Ok(DEFAULT_SWEEP
@@ -158,19 +159,25 @@ fn sweep_from(args: &[String]) -> anyhow::Result<Vec<RelaySettings>> {
 
 fn parse_setting(text: &str) -> anyhow::Result<RelaySettings> {
     let parsed = (|| {
+        let (text, max_rate) = match text.split_once("-r") {
+            Some((settings, rate)) => (settings, Some(rate.parse::<f64>().ok()?)),
+            None => (text, None),
+        };
         let (workers, rest) = text.strip_prefix('w')?.split_once("-b")?;
         let (batch, inflight) = match rest.split_once("-i") {
             Some((batch, slots)) => (batch, Some(slots.parse().ok()?)),
             None => (rest, None),
         };
-        Some(RelaySettings::with(
-            workers.parse().ok()?,
-            batch.parse().ok()?,
-            inflight,
-        ))
+        let settings = RelaySettings::with(workers.parse().ok()?, batch.parse().ok()?, inflight);
+        Some(match max_rate {
+            Some(rate) => settings.limited(rate),
+            None => settings,
+        })
     })();
     parsed.ok_or_else(|| {
-        anyhow::anyhow!("--sweep entries look like w4-b1000 or w4-b1000-i0, got {text:?}")
+        anyhow::anyhow!(
+            "--sweep entries look like w4-b1000, w4-b1000-i0 or w4-b1000-r5000, got {text:?}"
+        )
     })
 }
 
@@ -411,7 +418,10 @@ mod tests {
             ]
         );
         assert_eq!(parse_setting("w2-b500").unwrap().args.len(), 4);
-        for bad in ["w2", "b500", "w2-b500-ix", "wx-b500"] {
+        let limited = parse_setting("w2-b500-i0-r5000").unwrap();
+        assert_eq!(limited.label, "w2-b500-i0-r5000");
+        assert_eq!(limited.args[6..], ["--max-rate", "5000"]);
+        for bad in ["w2", "b500", "w2-b500-ix", "wx-b500", "w2-b500-rfast"] {
             assert!(parse_setting(bad).is_err(), "{bad}");
         }
     }

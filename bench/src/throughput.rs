@@ -69,6 +69,15 @@ impl RelaySettings {
             protocol: BrokerProtocol::Amqp091,
         }
     }
+
+    /// The same settings under `--max-rate` (messages per second): the measured rate against
+    /// the limit shows it is applied. Labelled …-rN.
+    pub fn limited(mut self, max_rate: f64) -> Self {
+        self.label.push_str(&format!("-r{max_rate}"));
+        self.args
+            .extend(["--max-rate".into(), max_rate.to_string()]);
+        self
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -511,6 +511,8 @@ async fn a_problem_the_pods_report_reaches_the_lag_with_the_pods_that_have_it() 
                 message: message.into(),
             }),
             table_health: None,
+            max_rate: None,
+            rate_limited_seconds: None,
         };
         upsert_report(&mut connect().await, &reports, &report)
             .await

@@ -55,6 +55,11 @@ pub const INFLIGHT_BATCHES_RANGE: RangeInclusive<i64> = 0..=256;
 pub const MAX_ATTEMPTS: i64 = 5;
 pub const MAX_ATTEMPTS_RANGE: RangeInclusive<i64> = 1..=1000;
 
+/// `--max-rate` (messages per second, per process): at least one message per second (the
+/// operator's per-pod share never goes below it either), at most a million, far above what one
+/// process relays, where the limiter's period (1 µs) is still a whole number of nanoseconds.
+pub const MAX_RATE_RANGE: RangeInclusive<f64> = 1.0..=1_000_000.0;
+
 pub const PUBLISHER_CONFIRMS: bool = true;
 pub const MANDATORY: bool = false;
 pub const LISTEN: bool = true;

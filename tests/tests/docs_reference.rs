@@ -188,6 +188,7 @@ fn the_book_names_only_metrics_that_exist() {
         .collect();
     // The relay's tables share the prefix.
     known.push(outbox_relay::table::REPORTS_TABLE.to_string());
+    known.push(outbox_relay::table::LIMITS_TABLE.to_string());
     known.push(outbox_operator::reconcile::database::claims::CLAIMS_TABLE.to_string());
 
     let mut pages = vec![repo_root().join("README.md")];

@@ -458,6 +458,13 @@ pub struct RelaySpec {
     /// workers and pods. perKey needs the partitionKey column.
     #[serde(default)]
     pub ordering: RelayOrdering,
+    /// Most messages per second the relay publishes, across all its pods (fractions allowed).
+    /// The operator divides it among the pods it runs (at least 1 msg/s each) through the
+    /// limits table the pods read at each report interval, so a scale does not restart them;
+    /// the autoscaler adds no pod the limit would leave idle. Absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1.0, max = 1.0e9))]
+    pub max_rate: Option<f64>,
     /// Broker rejections before a message is dead-lettered, so one bad message never blocks
     /// the rest.
     #[serde(default = "defaults::max_attempts")]
@@ -566,6 +573,7 @@ impl Default for RelaySpec {
             inflight_batches: defaults::inflight_batches(),
             delivery_mode: DeliveryMode::default(),
             ordering: RelayOrdering::default(),
+            max_rate: None,
             max_attempts: defaults::max_attempts(),
             publish_timeout: defaults::publish_timeout(),
             poll_interval: defaults::poll_interval(),
@@ -806,6 +814,10 @@ pub struct OutboxRelayStatus {
     /// What keeps VACUUM from cleaning the outbox table, as last measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table_health: Option<TableHealthStatus>,
+    /// The rate limit of `spec.relay.maxRate` as the operator divided it, and whether it holds
+    /// the relay back; absent without a limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitStatus>,
     /// The PostgreSQL server's version (e.g. `16.4`), as last measured with the table's health.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres_version: Option<String>,
@@ -814,6 +826,20 @@ pub struct OutboxRelayStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
     pub conditions: Vec<Condition>,
+}
+
+/// `status.rateLimit`: `spec.relay.maxRate` as the pods hold it.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitStatus {
+    /// Messages per second each pod may publish: maxRate divided among the pods, at least 1.
+    pub per_pod_rate: f64,
+    /// True while the pods publish at 90 % or more of their limits: the limit, not the broker
+    /// or the database, holds the relay back (the autoscaler then adds no pods).
+    pub held_back: bool,
+    /// Seconds the pods' workers waited for permits during their last report interval,
+    /// summed over workers.
+    pub waited_seconds: f64,
 }
 
 /// The health of the outbox table, from the relay pod that measures the backlog.

@@ -7,7 +7,8 @@
 //! - 0 → 1 when the backlog exceeds activationBacklog, 1 → 0 only after cooldownPeriod without;
 //! - scale-up takes the lowest and scale-down the highest recommendation of its stabilization
 //!   window, then the rate policies cap the step;
-//! - stale or missing reports → fallback replicas, never zero; `paused` freezes the replicas.
+//! - stale or missing reports → fallback replicas, never zero; `paused` freezes the replicas;
+//! - with `spec.relay.maxRate`, no more pods than the limit can use ([`rate_cap`]).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -66,6 +67,17 @@ pub struct Observation {
     pub publish_rate: f64,
     /// Pods that reported a rate.
     pub reporting_pods: usize,
+    /// `spec.relay.maxRate` and what the reports say of it; None without a limit.
+    pub rate_limit: Option<RateLimitSeen>,
+}
+
+/// The relay-wide rate limit as this round saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimitSeen {
+    /// `spec.relay.maxRate`, messages per second across the pods.
+    pub max_rate: f64,
+    /// The pods publish at about their limits: the limit holds them back, not the broker.
+    pub held_back: bool,
 }
 
 /// Remembered between rounds (in the operator's memory, per relay).
@@ -104,6 +116,8 @@ pub enum Limit {
     ScaleDownLimit,
     CoolingDown,
     WithinTolerance,
+    /// `spec.relay.maxRate` leaves more pods nothing to do ([`rate_cap`]).
+    RateLimited,
 }
 
 impl Limit {
@@ -116,6 +130,7 @@ impl Limit {
             Limit::ScaleDownLimit => "ScaleDownLimit",
             Limit::CoolingDown => "CoolingDown",
             Limit::WithinTolerance => "WithinTolerance",
+            Limit::RateLimited => "RateLimited",
         }
     }
 }
@@ -143,12 +158,26 @@ impl Recommendation {
                 "waiting for the first reports of the pods after the last scale; keeping {} replicas",
                 self.replicas
             ),
-            Reason::Backlog => format!(
-                "backlog {} asks for {} replicas; recommending {}",
-                observation.backlog.unwrap_or(0),
-                self.desired,
-                self.replicas
-            ),
+            Reason::Backlog => {
+                let why = match (self.limit, observation.rate_limit) {
+                    (Some(Limit::RateLimited), Some(rate)) if rate.held_back => format!(
+                        " (spec.relay.maxRate {} msg/s holds the relay back: more pods would \
+                         only wait for permits)",
+                        rate.max_rate
+                    ),
+                    (Some(Limit::RateLimited), Some(rate)) => format!(
+                        " (no more pods than spec.relay.maxRate {} msg/s keeps busy)",
+                        rate.max_rate
+                    ),
+                    _ => String::new(),
+                };
+                format!(
+                    "backlog {} asks for {} replicas; recommending {}{why}",
+                    observation.backlog.unwrap_or(0),
+                    self.desired,
+                    self.replicas
+                )
+            }
         }
     }
 }
@@ -167,6 +196,32 @@ fn desired_from_backlog(backlog: i64, observation: &Observation, config: &Scalin
         return backlog as f64 / (per_pod * drain as f64);
     }
     backlog as f64 / config.target_backlog_per_replica as f64
+}
+
+/// The most pods `spec.relay.maxRate` can keep busy, or None without a limit. More pods only
+/// split the same limit: they would sit waiting for permits.
+///
+/// - While the pods publish at about their limits (`held_back`), the pods there are already
+///   use all of it: no more than `current`.
+/// - Otherwise, when the pods publish at all, as many as reach the limit at the rate one pod
+///   manages now: ceil(maxRate / (publish rate / reporting pods)). (Under a backlog the
+///   autoscaler acts on, a pod publishes what it can; with little backlog this cap is high
+///   and the backlog decides anyway.)
+/// - Never more than maxRate pods: each pod's share is at least 1 msg/s.
+pub fn rate_cap(observation: &Observation, current: i32) -> Option<i32> {
+    let limit = observation.rate_limit?;
+    let most_shares = limit.max_rate.floor().clamp(1.0, f64::from(i32::MAX)) as i32;
+    let usable = if limit.held_back {
+        current.max(1)
+    } else if observation.reporting_pods > 0 && observation.publish_rate > 0.0 {
+        let per_pod = observation.publish_rate / observation.reporting_pods as f64;
+        (limit.max_rate / per_pod)
+            .ceil()
+            .clamp(1.0, f64::from(i32::MAX)) as i32
+    } else {
+        i32::MAX
+    };
+    Some(usable.min(most_shares))
 }
 
 /// The most replicas the rate policies allow from `current` now.
@@ -317,6 +372,12 @@ pub fn recommend(
     if current > 0 && ((raw / f64::from(current)) - 1.0).abs() <= config.tolerance {
         wanted = current;
         limit = Some(Limit::WithinTolerance);
+    }
+    if let Some(cap) = rate_cap(observation, current)
+        && wanted > cap
+    {
+        wanted = cap;
+        limit = Some(Limit::RateLimited);
     }
     if wanted > ceiling {
         limit = Some(Limit::TooManyReplicas);
@@ -469,6 +530,7 @@ mod tests {
             backlog_age: Some(Duration::from_secs(1)),
             publish_rate: 0.0,
             reporting_pods: current as usize,
+            rate_limit: None,
         }
     }
 
@@ -634,6 +696,75 @@ mod tests {
         };
         let (rec, _) = recommend(&ScalingHistory::default(), t(0), &observation, &drain);
         assert_eq!(rec.desired, 4);
+    }
+
+    #[test]
+    fn a_rate_limit_that_holds_the_pods_back_adds_no_pods() {
+        // 2 pods at their limit (1,000 msg/s together) and a backlog asking for 10: more pods
+        // would only split the same 1,000 msg/s.
+        let held = Observation {
+            publish_rate: 990.0,
+            rate_limit: Some(RateLimitSeen {
+                max_rate: 1_000.0,
+                held_back: true,
+            }),
+            ..seen(2, 10_000)
+        };
+        let (rec, _) = recommend(&ScalingHistory::default(), t(0), &held, &config());
+        assert_eq!(rec.desired, 10);
+        assert_eq!((rec.replicas, rec.limit), (2, Some(Limit::RateLimited)));
+        // Not held back, 2 pods at 250 msg/s each: 4 pods reach the 1,000 msg/s limit.
+        let below = Observation {
+            publish_rate: 500.0,
+            rate_limit: Some(RateLimitSeen {
+                max_rate: 1_000.0,
+                held_back: false,
+            }),
+            ..seen(2, 10_000)
+        };
+        let (rec, _) = recommend(&ScalingHistory::default(), t(0), &below, &config());
+        assert_eq!((rec.replicas, rec.limit), (4, Some(Limit::RateLimited)));
+        // Without a limit the backlog decides (+100 % from 2 pods, or +4: 6).
+        let free = Observation {
+            rate_limit: None,
+            ..below.clone()
+        };
+        let (rec, _) = recommend(&ScalingHistory::default(), t(0), &free, &config());
+        assert_eq!(rec.replicas, 6);
+        // A backlog that asks for fewer pods than the cap is not limited by it.
+        let small = Observation {
+            publish_rate: 990.0,
+            rate_limit: Some(RateLimitSeen {
+                max_rate: 1_000.0,
+                held_back: true,
+            }),
+            ..seen(2, 2_000)
+        };
+        let (rec, _) = recommend(&ScalingHistory::default(), t(0), &small, &config());
+        assert_eq!((rec.replicas, rec.limit), (2, Some(Limit::WithinTolerance)));
+    }
+
+    #[test]
+    fn never_more_pods_than_the_limit_has_shares() {
+        // maxRate 3: each pod gets at least 1 msg/s, so at most 3 pods; nothing reported yet.
+        let tiny = Observation {
+            rate_limit: Some(RateLimitSeen {
+                max_rate: 3.5,
+                held_back: false,
+            }),
+            ..seen(1, 1_000_000)
+        };
+        assert_eq!(rate_cap(&tiny, 1), Some(3));
+        let (rec, _) = recommend(&ScalingHistory::default(), t(0), &tiny, &config());
+        assert_eq!((rec.replicas, rec.limit), (3, Some(Limit::RateLimited)));
+        // minReplicas wins over the cap: the user asked for those pods.
+        let at_least_five = ScalingConfig {
+            min_replicas: 5,
+            ..config()
+        };
+        let (rec, _) = recommend(&ScalingHistory::default(), t(0), &tiny, &at_least_five);
+        assert_eq!(rec.replicas, 5);
+        assert_eq!(rate_cap(&seen(1, 5), 1), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::reconcile::database::RelayDatabase;
 use crate::reconcile::database::postgres::PostgresDatabase;
 use crate::reconcile::memory::RelayMemory;
 use crate::reconcile::migrate::MigrationMemory;
+use crate::reconcile::rate_share::RateShareMemory;
 use crate::reconcile::recommend::ScalingMemory;
 
 /// Knobs of the reconciler that are not part of any resource.
@@ -69,6 +70,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub migrations: MigrationMemory,
     pub scaling: ScalingMemory,
+    /// The per-pod rate shares last written.
+    pub rate_shares: RateShareMemory,
     /// Consecutive failures per relay, for the error policy's backoff.
     pub failures: RelayMemory<u32>,
     pub settings: Settings,
@@ -98,6 +101,7 @@ impl Context {
             metrics,
             migrations: RelayMemory::new(forget_after),
             scaling: RelayMemory::new(forget_after),
+            rate_shares: RelayMemory::new(forget_after),
             failures: RelayMemory::new(forget_after),
             settings,
         }

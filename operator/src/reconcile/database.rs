@@ -44,6 +44,16 @@ pub trait RelayDatabase: Send + Sync {
         query: LagQuery,
     ) -> BoxFuture<'a, Result<LagObservation, Error>>;
 
+    /// Writes the relay's per-pod share of `spec.relay.maxRate` into the limits table, or
+    /// removes its row (`None`: no limit), for its pods to read at their next report.
+    fn write_rate_share<'a>(
+        &'a self,
+        database: &'a DatabaseTarget,
+        plan: &'a RelayPlan,
+        relay_name: &'a str,
+        share: Option<RateShare>,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
     /// Releases the relay's claim on its table and, when asked, removes what the migration
     /// created for it (see [`CleanupRequest`]). Idempotent, so a failed attempt is retried.
     fn clean_up<'a>(
@@ -112,7 +122,32 @@ pub struct LagObservation {
     /// The table's health, measured with the backlog (by the measuring pod, or by the operator
     /// when no pod runs); `None` when the reports carry none (a relay older than the figures).
     pub table_health: Option<TableHealth>,
+    /// The rate limits in force in the reporting pods, summed; `None` when no pod has one (or
+    /// the pods are older than rate limits).
+    pub max_rate: Option<f64>,
+    /// The publish rates of the pods that have a limit, summed: compared with `max_rate`.
+    pub limited_publish_rate: f64,
+    /// Seconds the pods' workers waited for permits during their last report interval.
+    pub rate_limited_seconds: f64,
 }
+
+impl LagObservation {
+    /// True while the pods that have a limit publish at [`HELD_BACK_SHARE`] of it or more:
+    /// the limit, not the broker or the database, is what holds them back.
+    pub fn held_back_by_rate_limit(&self) -> bool {
+        self.max_rate.is_some_and(|limit| {
+            limit > 0.0 && self.limited_publish_rate >= HELD_BACK_SHARE * limit
+        })
+    }
+}
+
+/// The share of their limits at which the pods count as held back by it. Under a steady
+/// backlog a limited pod publishes at its limit (GCRA lets a burst of one claim above it), so
+/// 90 % leaves room for the rate's measurement over a report interval.
+pub const HELD_BACK_SHARE: f64 = 0.9;
+
+/// What the operator writes into the limits table for one relay; re-exported for the pipeline.
+pub use outbox_relay::table::limits::RateShare;
 
 /// A problem relay pods reported (e.g. the exchange is missing on the broker).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,6 +35,7 @@ use crate::reconcile::events::{
 };
 use crate::reconcile::migrate::{MigrationKey, MigrationOutcome, migrate_once};
 use crate::reconcile::observe::{RelayObjects, observe};
+use crate::reconcile::rate_share::{rate_share, share_to_write};
 use crate::reconcile::recommend::recommend_replicas;
 use crate::reconcile::status::{Observation, failed_status, healthy_status, pod_problem_message};
 use crate::reconcile::validate::validate;
@@ -169,6 +170,27 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         ctx.scaling.put(&relay_name, history);
     }
 
+    // Before the Deployment changes: a scale-up's new pods read their share as they start.
+    let running = observed
+        .live
+        .as_ref()
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.replicas)
+        .unwrap_or(0);
+    let share = plan
+        .max_rate
+        .map(|max_rate| rate_share(max_rate, scale.replicas, running));
+    if let Some(write) = share_to_write(share, ctx.rate_shares.get(&relay_name)) {
+        match database
+            .write_rate_share(&secrets.database, &plan, &relay_name, write)
+            .await
+        {
+            Ok(()) => ctx.rate_shares.put(&relay_name, write),
+            // The pods keep the share they have; the next round writes it again.
+            Err(error) => tracing::warn!(%error, "the rate-limit share was not written"),
+        }
+    }
+
     let desired = build_deployment(
         relay,
         &plan,
@@ -202,6 +224,7 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         scaling: &scale,
         vacuum_blocked_after: plan.vacuum_blocked_after,
         oom_kills: &oom_kills,
+        rate_share: share,
     };
     let status = healthy_status(relay.status.as_ref(), &observation, Timestamp::now());
     let problem = scale.lag.as_ref().and_then(|lag| lag.problem.as_ref());

@@ -7,6 +7,7 @@
 //! | migrate the table, once per generation | [`migrate`] | database |
 //! | observe the Deployment, its pods ([`pods`]) and the lag | [`observe`] | API server, database |
 //! | recommend the replicas | [`recommend`] ([`autoscaler`]) | pure |
+//! | divide `spec.relay.maxRate` among the pods | [`rate_share`] | database |
 //! | build the Deployment | [`build`] | pure |
 //! | apply it, when it changed | [`apply`] | API server |
 //! | compute and write the status | [`status`] ([`conditions`], [`progress`], [`table_health`], [`suspension`]), [`apply`] | pure, API server |
@@ -35,6 +36,7 @@ pub mod migrate;
 pub mod observe;
 pub mod pods;
 pub mod progress;
+pub mod rate_share;
 pub mod recommend;
 pub mod status;
 pub mod suspension;

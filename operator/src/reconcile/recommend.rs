@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 
 use crate::crd::OutboxRelaySpec;
 use crate::reconcile::autoscaler::{
-    Observation, Recommendation, ScalingConfig, ScalingHistory, recommend,
+    Observation, RateLimitSeen, Recommendation, ScalingConfig, ScalingHistory, recommend,
 };
 use crate::reconcile::database::LagObservation;
 use crate::reconcile::memory::RelayMemory;
@@ -92,6 +92,10 @@ pub fn recommend_replicas(
         backlog_age: lag.as_ref().and_then(|l| l.backlog_age),
         publish_rate: lag.as_ref().map_or(0.0, |l| l.publish_rate),
         reporting_pods: lag.as_ref().map_or(0, |l| l.reporting_pods),
+        rate_limit: spec.relay.max_rate.map(|max_rate| RateLimitSeen {
+            max_rate,
+            held_back: lag.as_ref().is_some_and(|l| l.held_back_by_rate_limit()),
+        }),
     };
     let (recommendation, history) =
         recommend(&history.unwrap_or_default(), now, &observation, &config);

@@ -7,13 +7,13 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use outbox_relay::table::migrate::IndexAction;
 
-use crate::crd::OutboxRelayStatus;
+use crate::crd::{OutboxRelayStatus, RateLimitStatus};
 use crate::reconcile::autoscaler::{Limit, Reason};
 use crate::reconcile::conditions::{
     self, ConditionStatus, DEGRADED, INDEX_READY, NewCondition, READY, SCALING_ACTIVE,
     SCALING_LIMITED, set_condition,
 };
-use crate::reconcile::database::PodProblem;
+use crate::reconcile::database::{PodProblem, RateShare};
 use crate::reconcile::error::Error;
 use crate::reconcile::migrate::MigrationOutcome;
 use crate::reconcile::pods::{OOM_KILLED, OomKill, oom_message};
@@ -37,6 +37,8 @@ pub struct Observation<'a> {
     pub vacuum_blocked_after: Duration,
     /// Relay pods killed for exceeding their memory limit.
     pub oom_kills: &'a [OomKill],
+    /// `spec.relay.maxRate` as divided among the pods this round; None without a limit.
+    pub rate_share: Option<RateShare>,
 }
 
 /// Status after a pass that reached the end of the pipeline.
@@ -54,6 +56,14 @@ pub fn healthy_status(
     status.desired_replicas = Some(observed.desired_replicas);
     status.selector = Some(observed.selector.clone());
     apply_lag(&mut status, observed.scaling);
+    status.rate_limit = observed.rate_share.map(|share| {
+        let lag = observed.scaling.lag.as_ref();
+        RateLimitStatus {
+            per_pod_rate: (share.per_pod_rate * 10.0).round() / 10.0,
+            held_back: lag.is_some_and(|lag| lag.held_back_by_rate_limit()),
+            waited_seconds: lag.map_or(0.0, |lag| (lag.rate_limited_seconds * 10.0).round() / 10.0),
+        }
+    });
     // A round without figures (no measuring pod reported) keeps the last ones.
     if let Some(health) = observed
         .scaling
@@ -462,6 +472,7 @@ mod tests {
             scaling: manual(),
             vacuum_blocked_after: Duration::from_secs(600),
             oom_kills: &[],
+            rate_share: None,
         }
     }
 
@@ -554,6 +565,7 @@ mod tests {
         let kills = [oom_kill(true)];
         let observed = Observation {
             oom_kills: &kills,
+            rate_share: None,
             ..observe(&migrated, &d, 1)
         };
         let status = healthy_status(None, &observed, at(10));
@@ -570,6 +582,7 @@ mod tests {
         let kills = [oom_kill(false)];
         let observed = Observation {
             oom_kills: &kills,
+            rate_share: None,
             ..observe(&migrated, &d, 1)
         };
         let status = healthy_status(None, &observed, at(10));

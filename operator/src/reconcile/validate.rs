@@ -65,7 +65,14 @@ pub struct RelayPlan {
     pub scaling: Option<ScalingPlan>,
     /// `spec.suspend`: no pods, the autoscaler skipped, the backlog counted by the operator.
     pub suspended: bool,
+    /// `spec.relay.maxRate`: messages per second across the pods; None: no limit.
+    pub max_rate: Option<f64>,
 }
+
+/// `spec.relay.maxRate`'s bounds, as the schema has them: at least one message per second (each
+/// pod's share is at least that), at most a million per pod for a thousand pods.
+const MAX_RATE_MIN: f64 = 1.0;
+const MAX_RATE_MAX: f64 = 1.0e9;
 
 /// Collects problems as the checks go, so the user sees all of them at once.
 #[derive(Default)]
@@ -200,6 +207,19 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         64,
     );
     check.range("spec.relay.maxAttempts", relay.max_attempts.into(), 1, 1000);
+    if let Some(rate) = relay.max_rate
+        && !(MAX_RATE_MIN..=MAX_RATE_MAX).contains(&rate)
+    {
+        // The schema refuses these at `kubectl apply`; an object stored before the field had
+        // its bounds, or written around the schema, is refused here with the same words.
+        check.fail(
+            "spec.relay.maxRate",
+            format!(
+                "must be between {MAX_RATE_MIN} and {MAX_RATE_MAX} messages per second, got \
+                 {rate}; remove it for no limit"
+            ),
+        );
+    }
     check.range(
         "spec.relay.terminationGracePeriodSeconds",
         relay.termination_grace_period_seconds,
@@ -263,6 +283,7 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         vacuum_blocked_after,
         scaling: scaling.flatten(),
         suspended: spec.suspend,
+        max_rate: relay.max_rate,
     })
 }
 
@@ -601,6 +622,24 @@ mod tests {
         assert!(messages(&spec)[0].contains("mode verify-ca checks"));
         spec.database.tls = Some(DatabaseTlsSpec::default());
         assert!(validate(&spec).is_ok());
+    }
+
+    #[test]
+    fn a_max_rate_of_zero_or_less_names_its_field() {
+        let mut spec = sample_spec();
+        for bad in [0.0, -3.0, 0.5, f64::NAN, f64::INFINITY, 2e9] {
+            spec.relay.max_rate = Some(bad);
+            let found = messages(&spec);
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert!(
+                found[0].starts_with("spec.relay.maxRate: must be between 1 and"),
+                "{found:?}"
+            );
+        }
+        spec.relay.max_rate = Some(250.5);
+        assert_eq!(validate(&spec).unwrap().max_rate, Some(250.5));
+        spec.relay.max_rate = None;
+        assert_eq!(validate(&spec).unwrap().max_rate, None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use outbox_relay::table::migrate::{IndexAction, MigrationReport};
 
 use crate::reconcile::database::claims::Release;
 use crate::reconcile::database::{
-    CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, RelayDatabase,
+    CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, RateShare, RelayDatabase,
 };
 use crate::reconcile::error::Error;
 use crate::reconcile::validate::RelayPlan;
@@ -25,6 +25,8 @@ pub enum DatabaseCall {
     /// A migration of this table.
     Migrate(String),
     ObserveLag(LagQuery),
+    /// A per-pod share written (None: the row removed).
+    WriteRateShare(Option<RateShare>),
     CleanUp(CleanupRequest),
 }
 
@@ -147,6 +149,17 @@ impl RelayDatabase for ScriptedDatabase {
         let answer = (self.lag.lock().unwrap())(&query);
         self.record(DatabaseCall::ObserveLag(query));
         ready(answer).boxed()
+    }
+
+    fn write_rate_share<'a>(
+        &'a self,
+        _database: &'a DatabaseTarget,
+        _plan: &'a RelayPlan,
+        _relay_name: &'a str,
+        share: Option<RateShare>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.record(DatabaseCall::WriteRateShare(share));
+        ready(Ok(())).boxed()
     }
 
     fn clean_up<'a>(

@@ -219,6 +219,17 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub inflight_batches: Option<i64>,
+    /// Most messages per second this process publishes, over all its workers (1..=1000000;
+    /// fractions allowed). Workers wait for their permits before they claim, never with rows
+    /// locked; a batch takes at most one second of the limit. Under the operator, the pod's
+    /// share of spec.relay.maxRate applies too, and the smaller wins. Default: no limit.
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_MAX_RATE",
+        allow_hyphen_values = true,
+        value_name = "MESSAGES_PER_SECOND"
+    )]
+    pub max_rate: Option<f64>,
     /// Wait for broker confirms before marking rows. Turning this off can lose messages.
     #[arg(long, env = "OUTBOX_RELAY_PUBLISHER_CONFIRMS")]
     pub publisher_confirms: Option<bool>,

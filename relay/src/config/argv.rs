@@ -27,6 +27,7 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
         batch_size,
         workers,
         inflight_batches,
+        max_rate,
         publisher_confirms,
         mandatory,
         publish_timeout,
@@ -61,6 +62,7 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
     argv.shown("batch-size", batch_size);
     argv.shown("workers", workers);
     argv.shown("inflight-batches", inflight_batches);
+    argv.shown("max-rate", max_rate);
     argv.shown("publisher-confirms", publisher_confirms);
     argv.shown("mandatory", mandatory);
     argv.duration("publish-timeout", publish_timeout);
@@ -236,6 +238,7 @@ mod tests {
             batch_size: Some(1234),
             workers: Some(7),
             inflight_batches: Some(3),
+            max_rate: Some(250.5),
             publisher_confirms: Some(false),
             mandatory: Some(true),
             publish_timeout: Some(Duration::from_secs(3)),

@@ -40,6 +40,7 @@ pub struct FileConfig {
     pub batch_size: Option<i64>,
     pub workers: Option<i64>,
     pub inflight_batches: Option<i64>,
+    pub max_rate: Option<f64>,
     pub publisher_confirms: Option<bool>,
     pub mandatory: Option<bool>,
     pub publish_timeout: Option<String>,

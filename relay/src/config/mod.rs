@@ -92,6 +92,8 @@ pub struct RelayConfig {
     pub workers: usize,
     /// Batches at the broker at once; 0 means no limit (one per worker).
     pub inflight_batches: usize,
+    /// `--max-rate`: messages per second over the process's workers; None: no limit.
+    pub max_rate: Option<f64>,
     pub publisher_confirms: bool,
     pub mandatory: bool,
     pub publish_timeout: Duration,
@@ -150,6 +152,28 @@ fn ranged(
         ));
     }
     Ok(value)
+}
+
+/// `--max-rate`: a number of messages per second within [`defaults::MAX_RATE_RANGE`]. Zero, a
+/// negative number, NaN or infinity is refused rather than read as "no limit": leaving the
+/// option out is how to say that.
+fn max_rate(value: Option<f64>) -> Result<Option<f64>, ConfigError> {
+    let Some(rate) = value else {
+        return Ok(None);
+    };
+    let range = defaults::MAX_RATE_RANGE;
+    if !range.contains(&rate) {
+        return Err(ConfigError::new(
+            "max-rate",
+            format!(
+                "must be between {} and {} messages per second, got {rate}; leave it out for no \
+                 limit",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    Ok(Some(rate))
 }
 
 fn short_string(field: &str, value: &str) -> Result<(), ConfigError> {
@@ -454,6 +478,7 @@ fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, Co
         defaults::INFLIGHT_BATCHES,
         defaults::INFLIGHT_BATCHES_RANGE,
     )? as usize;
+    let max_rate = max_rate(layer(&args.max_rate, &file.max_rate))?;
     let max_attempts = ranged(
         "max-attempts",
         layer(&args.max_attempts, &file.max_attempts),
@@ -495,6 +520,7 @@ fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, Co
         batch_size,
         workers,
         inflight_batches,
+        max_rate,
         publisher_confirms: layer(&args.publisher_confirms, &file.publisher_confirms)
             .unwrap_or(defaults::PUBLISHER_CONFIRMS),
         mandatory: layer(&args.mandatory, &file.mandatory).unwrap_or(defaults::MANDATORY),
@@ -806,6 +832,17 @@ mod tests {
         assert_eq!(config.db.table.columns, Columns::default());
         assert_eq!(config.batch_size, 500);
         assert_eq!(config.inflight_batches, 1);
+        assert_eq!(config.max_rate, None, "no limit unless asked for");
+        let limited = RunArgs {
+            max_rate: Some(2.5),
+            ..run_args()
+        };
+        assert_eq!(resolve_run(&limited).unwrap().max_rate, Some(2.5));
+        let file = FileConfig::parse("max_rate: 400\n").unwrap();
+        assert_eq!(
+            resolve_run_with(&run_args(), &file).unwrap().max_rate,
+            Some(400.0)
+        );
         assert!(config.publisher_confirms);
         assert_eq!(config.routing_key, RoutingKey::Type);
         assert_eq!(config.db.relay_name, "outbox_messages");
@@ -851,6 +888,12 @@ mod tests {
                 Box::new(|a| a.inflight_batches = Some(-1)),
                 "inflight-batches",
             ),
+            (Box::new(|a| a.max_rate = Some(0.0)), "max-rate"),
+            (Box::new(|a| a.max_rate = Some(-5.0)), "max-rate"),
+            (Box::new(|a| a.max_rate = Some(f64::NAN)), "max-rate"),
+            (Box::new(|a| a.max_rate = Some(f64::INFINITY)), "max-rate"),
+            (Box::new(|a| a.max_rate = Some(0.5)), "max-rate"),
+            (Box::new(|a| a.max_rate = Some(2e6)), "max-rate"),
             (
                 Box::new(|a| a.amqp_url = Some("http://x".into())),
                 "amqp-url",
@@ -883,6 +926,7 @@ mod tests {
             ("declare-exchange", "queue"),
             ("log-format", "xml"),
             ("database-pool-mode", "statement"),
+            ("max-rate", "fast"),
         ];
         for (field, value) in typed {
             let flag = format!("--{field}");

@@ -100,6 +100,10 @@ pub struct Metrics {
     /// 1 while delivery is suspended (SIGUSR1 until SIGUSR2): no claims, the backlog still
     /// measured.
     pub suspended: IntGauge,
+    /// Seconds the workers waited for rate-limit permits (summed over workers).
+    pub rate_limit_wait_seconds: prometheus::Counter,
+    /// The rate limit in force, in messages per second; 0: none.
+    pub rate_limit: Gauge,
     /// When this process last wrote its lag report (Unix seconds): an alert sees it go stale.
     pub last_report_timestamp: Gauge,
     pub table: TableHealthMetrics,
@@ -241,6 +245,23 @@ impl Metrics {
                     "outbox_relay_suspended",
                     "1 while delivery is suspended (SIGUSR1; SIGUSR2 resumes): workers claim \
                      nothing, the backlog is still measured",
+                ),
+            ),
+            rate_limit_wait_seconds: registered(
+                r,
+                prometheus::Counter::new(
+                    "outbox_relay_rate_limit_wait_seconds_total",
+                    "Seconds the workers waited for rate-limit permits before claiming, summed \
+                     over workers: growing about as fast as the workers' count times the clock \
+                     means the limit, not the broker or the database, holds the relay back",
+                ),
+            ),
+            rate_limit: registered(
+                r,
+                Gauge::new(
+                    "outbox_relay_rate_limit_messages_per_second",
+                    "The rate limit in force in this process (the smaller of --max-rate and \
+                     the pod's share of spec.relay.maxRate); 0 when there is none",
                 ),
             ),
             last_report_timestamp: registered(

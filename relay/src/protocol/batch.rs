@@ -215,7 +215,6 @@ fn unconfirmed_reason(unconfirmed: Unconfirmed) -> FailureReason {
 /// `lanes` are the lanes the worker holds under per-key ordering: the claim takes only their
 /// rows, and the batch goes out in waves (see [`waves`]) so that no row is published before
 /// every earlier row of its key in the batch was confirmed. None: unordered, one wave.
-#[tracing::instrument(name = "batch", skip_all, fields(batch_size = settings.batch_size))]
 pub async fn run_batch<P: Publisher>(
     conn: &mut PgConnection,
     publisher: &mut P,
@@ -225,8 +224,29 @@ pub async fn run_batch<P: Publisher>(
     start: ClaimStart,
     lanes: Option<&[i32]>,
 ) -> Result<BatchReport, BatchError> {
+    let limit = settings.batch_size;
+    run_batch_up_to(
+        conn, publisher, statements, settings, metrics, start, lanes, limit,
+    )
+    .await
+}
+
+/// [`run_batch`], claiming at most `limit` rows (at most the batch size): what the rate limit
+/// granted (see `runtime::rate`).
+#[allow(clippy::too_many_arguments)]
+#[tracing::instrument(name = "batch", skip_all, fields(batch_size = limit))]
+pub async fn run_batch_up_to<P: Publisher>(
+    conn: &mut PgConnection,
+    publisher: &mut P,
+    statements: &Statements,
+    settings: &BatchSettings,
+    metrics: &Metrics,
+    start: ClaimStart,
+    lanes: Option<&[i32]>,
+    limit: usize,
+) -> Result<BatchReport, BatchError> {
     let mut tx = timed(metrics, Stage::Claim, conn.begin()).await?;
-    let limit = settings.batch_size as i64;
+    let limit = limit.clamp(1, settings.batch_size.max(1)) as i64;
     let settling = statements.settling.as_ref().filter(|_| lanes.is_none());
     // Under a transaction pool the statements go unnamed (a named one would outlive this
     // transaction on a server session other clients get next); on a session they stay named

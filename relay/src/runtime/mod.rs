@@ -8,6 +8,7 @@ pub mod http;
 pub mod lanes;
 pub mod listener;
 pub mod nacks;
+pub mod rate;
 pub mod reporter;
 pub mod run;
 pub mod suspend;

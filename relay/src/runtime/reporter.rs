@@ -15,6 +15,7 @@ use crate::database::{DatabaseTarget, PoolMode, TRANSACTION_POOLING, behind_tran
 use crate::defaults::BACKLOG_CAP;
 use crate::metrics::Metrics;
 use crate::runtime::health::Health;
+use crate::runtime::rate::{LimitChange, RateGate};
 use crate::table::OutboxTable;
 use crate::table::health::{HorizonClock, TableHealth, measure_table_health_with};
 use crate::table::ident::TableName;
@@ -30,6 +31,8 @@ pub struct ReporterContext {
     /// a session lock would stay on a server session other clients get).
     pub pool_mode: PoolMode,
     pub reports_table: TableName,
+    /// Where the operator writes this relay's per-pod share of `spec.relay.maxRate`.
+    pub limits_table: TableName,
     pub table: OutboxTable,
     pub statements: Arc<Statements>,
     pub relay: String,
@@ -40,6 +43,8 @@ pub struct ReporterContext {
     pub published_total: Arc<AtomicU64>,
     /// What keeps the process from relaying, written with each report.
     pub health: Health,
+    /// The rate limit: its share is read again at each report.
+    pub rate: Arc<RateGate>,
     pub shutdown: CancellationToken,
 }
 
@@ -63,6 +68,8 @@ struct SessionState {
     told_hidden_holder: bool,
     /// Said once that this process measures.
     told_measuring: bool,
+    /// Said once per session that the rate-limit share cannot be read.
+    told_share_unreadable: bool,
     horizon_clock: HorizonClock,
 }
 
@@ -234,6 +241,23 @@ async fn report_once(
     rate: f64,
 ) -> Result<(), ReportError> {
     let reports = &ctx.reports_table;
+    match read_share_into(
+        conn,
+        ctx.pool_mode,
+        &ctx.limits_table,
+        &ctx.relay,
+        &ctx.rate,
+    )
+    .await
+    {
+        Ok(change) => say_limit_change(change, "this pod's share of spec.relay.maxRate changed"),
+        // The limit in force stays as it is; the report goes on.
+        Err(e) if !state.told_share_unreadable => {
+            warn!(error = %e, limits = %ctx.limits_table, "cannot read this relay's rate-limit share; keeping the limit in force");
+            state.told_share_unreadable = true;
+        }
+        Err(_) => {}
+    }
     let measurer = measures(ctx, conn, state)
         .await
         .map_err(ReportError::at("taking the measurer's lock", reports))?;
@@ -297,6 +321,8 @@ async fn report_once(
         publish_rate: rate,
         problem: ctx.health.problem(),
         table_health,
+        max_rate: ctx.rate.in_force(),
+        rate_limited_seconds: ctx.rate.in_force().map(|_| ctx.rate.take_waited_seconds()),
     };
     let stored = upsert_report_with(conn, reports, &report, ctx.pool_mode)
         .await
@@ -313,6 +339,37 @@ async fn report_once(
         state.told_to_migrate = true;
     }
     Ok(())
+}
+
+/// Reads `relay`'s per-pod share from the limits table and hands it to the rate limit, in a
+/// transaction (a savepoint inside the report's) so a failed read never aborts the caller's.
+pub async fn read_share_into(
+    conn: &mut PgConnection,
+    pool_mode: PoolMode,
+    limits: &TableName,
+    relay: &str,
+    rate: &RateGate,
+) -> Result<LimitChange, sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let share =
+        crate::table::limits::read_share(&mut tx, limits, relay, pool_mode.named_statements())
+            .await?;
+    tx.commit().await?;
+    Ok(rate.set_share(share))
+}
+
+/// Says a new limit in force, once, when it changed.
+pub fn say_limit_change(change: LimitChange, why: &str) {
+    match change {
+        LimitChange::Unchanged => {}
+        LimitChange::Now(Some(rate)) => {
+            info!(
+                max_rate = rate,
+                "rate limit in force: {rate} messages per second ({why})"
+            );
+        }
+        LimitChange::Now(None) => info!("no rate limit in force any more ({why})"),
+    }
 }
 
 /// Sets the table-health gauges; the holder series is replaced, so only the current one shows.

@@ -19,7 +19,8 @@ use crate::metrics::Metrics;
 use crate::protocol::batch::BatchSettings;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
-use crate::runtime::reporter::{ReporterContext, run_reporter};
+use crate::runtime::rate::{RateGate, claim_size};
+use crate::runtime::reporter::{ReporterContext, read_share_into, run_reporter, say_limit_change};
 use crate::runtime::suspend::Suspension;
 use crate::runtime::worker::{WorkerContext, run_worker};
 use crate::table::inspect::{InspectError, TableShape, inspect_with};
@@ -66,6 +67,7 @@ async fn inspect_with_retry(
     config: &RelayConfig,
     health: &Health,
     metrics: &Metrics,
+    rate: &RateGate,
     shutdown: &CancellationToken,
 ) -> Result<Option<TableShape>, RunError> {
     let mut backoff = Backoff::default();
@@ -87,6 +89,17 @@ async fn inspect_with_retry(
             }
             Ok(mut conn) => {
                 let shape = inspect_on(&mut conn, config).await;
+                if shape.is_ok() {
+                    // The share before the first claim, so a pod the operator just added
+                    // starts within it. Unreadable: the reporter tries again, and says why.
+                    let limits = config.db.table.limits_table();
+                    let relay = &config.db.relay_name;
+                    if let Ok(change) =
+                        read_share_into(&mut conn, config.db.pool_mode, &limits, relay, rate).await
+                    {
+                        say_limit_change(change, "this pod's share of spec.relay.maxRate");
+                    }
+                }
                 let _ = conn.close().await;
                 match shape {
                     Ok(shape) => return Ok(Some(shape)),
@@ -159,6 +172,25 @@ pub async fn run(
         );
     }
     let health = Health::default();
+    let rate = Arc::new(RateGate::new(
+        config.max_rate,
+        config.batch_size,
+        metrics.rate_limit_wait_seconds.clone(),
+        metrics.rate_limit.clone(),
+    ));
+    if let Some(max_rate) = config.max_rate {
+        let claim = claim_size(max_rate, config.batch_size);
+        if (claim as usize) < config.batch_size {
+            warn!(
+                max_rate,
+                batch_size = config.batch_size,
+                "--max-rate {max_rate} is below --batch-size {}: a claim takes at most {claim} rows \
+                 (one second of the limit), so a burst never exceeds it; lower --batch-size to \
+                 match and silence this",
+                config.batch_size
+            );
+        }
+    }
     let http_stop = CancellationToken::new();
     let http = crate::runtime::http::serve(
         config.metrics_addr,
@@ -173,7 +205,8 @@ pub async fn run(
         source,
     })?;
 
-    let Some(shape) = inspect_with_retry(&config, &health, &metrics, &shutdown).await? else {
+    let Some(shape) = inspect_with_retry(&config, &health, &metrics, &rate, &shutdown).await?
+    else {
         http_stop.cancel();
         return Ok(());
     };
@@ -218,6 +251,7 @@ pub async fn run(
         lanes_of: (config.db.table.ordering == DeliveryOrder::PerKey)
             .then(|| config.db.relay_name.clone()),
         suspension: suspension.clone(),
+        rate: rate.clone(),
     };
     let mut workers = tokio::task::JoinSet::new();
     match config.broker_protocol {
@@ -302,6 +336,7 @@ pub async fn run(
             database: config.db.database.clone(),
             pool_mode: config.db.pool_mode,
             reports_table: config.db.table.reports_table(),
+            limits_table: config.db.table.limits_table(),
             table: config.db.table.clone(),
             statements: reporter_statements,
             relay: config.db.relay_name.clone(),
@@ -311,6 +346,7 @@ pub async fn run(
             metrics: metrics.clone(),
             published_total,
             health,
+            rate: rate.clone(),
             shutdown: background_stop.clone(),
         })
         .in_current_span(),
@@ -320,6 +356,7 @@ pub async fn run(
         exchange = %config.exchange,
         workers = config.workers,
         batch_size = config.batch_size,
+        max_rate = rate.in_force(),
         mode = config.db.table.mode.as_str(),
         pool_mode = config.db.pool_mode.as_str(),
         "relaying"

@@ -17,13 +17,14 @@ use crate::database::{
     DatabaseTarget, TRANSACTION_POOLING, behind_transaction_pooling, server_gone,
 };
 use crate::metrics::Metrics;
-use crate::protocol::batch::{BatchError, BatchSettings, run_batch};
+use crate::protocol::batch::{BatchError, BatchSettings, run_batch_up_to};
 use crate::protocol::claim::ClaimStart;
 use crate::protocol::cursor::ClaimCursor;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::lanes::Lanes;
 use crate::runtime::nacks::NackPause;
+use crate::runtime::rate::RateGate;
 use crate::runtime::suspend::Suspension;
 use crate::table::sql::Statements;
 
@@ -48,6 +49,8 @@ pub struct WorkerContext<C> {
     pub lanes_of: Option<String>,
     /// While suspended (SIGUSR1), the worker claims nothing.
     pub suspension: Suspension,
+    /// The process's rate limit, shared by its workers (none in force: one flag per batch).
+    pub rate: Arc<RateGate>,
 }
 
 impl<C> WorkerContext<C> {
@@ -66,6 +69,7 @@ impl<C> WorkerContext<C> {
             health: self.health,
             lanes_of: self.lanes_of,
             suspension: self.suspension,
+            rate: self.rate,
         }
     }
 }
@@ -168,6 +172,8 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
     // The pause after the broker's nacks: its state, never the messages' fault.
     let mut nacks = NackPause::default();
     let mut suspension = ctx.suspension.clone();
+    // Rate-limit permits paid for and not spent yet (see `runtime::rate`).
+    let mut credit = 0;
 
     while !ctx.shutdown.is_cancelled() {
         // Checked before each claim: the batch in hand is finished first, and the connections
@@ -256,8 +262,12 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             Some(_) => ClaimStart::Head,
             None => cursor.next_start(),
         };
+        // Permits before the claim, never with rows locked. None: shutdown came first.
+        let Some(limit) = ctx.rate.before_claim(&mut credit, &ctx.shutdown).await else {
+            break;
+        };
         ctx.metrics.workers_busy.inc();
-        let result = run_batch(
+        let result = run_batch_up_to(
             conn,
             publisher,
             &ctx.statements,
@@ -265,9 +275,14 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             &ctx.metrics,
             start,
             held.as_deref(),
+            limit,
         )
         .await;
         ctx.metrics.workers_busy.dec();
+        // A failed batch may have published some of its rows before it rolled back: counted
+        // as a whole claim, so they are paid for when they go again.
+        let spent = result.as_ref().map_or(limit, |report| report.claimed);
+        ctx.rate.after_claim(&mut credit, spent);
         match result {
             Ok(report) => {
                 db.served();
@@ -279,7 +294,9 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 // Per-key claims start at the head every time and keep no cursor.
                 let ordered = held.is_some();
                 if !ordered {
-                    cursor.advance(&report, ctx.settings.batch_size);
+                    // A claim the limit made shorter than the batch size is judged against
+                    // its own size: short of that, the head is near.
+                    cursor.advance(&report, limit);
                 }
                 let nack_pause = nacks.after(&report, &ctx.metrics.broker);
                 if let Some(reason) = &report.broker_broken {

@@ -278,6 +278,9 @@ async fn delete_report_rows(
     .execute(&mut *conn)
     .await
     .map_err(failed("delete the report rows"))?;
+    crate::table::limits::delete_share(conn, &table.limits_table(), relay)
+        .await
+        .map_err(failed("delete the rate-limit share"))?;
     Ok(deleted.rows_affected())
 }
 

@@ -273,7 +273,8 @@ async fn migrate_locked(
         }
     };
 
-    let reports_created = ensure_reports_table(conn, &table.reports_table()).await?;
+    let reports_created =
+        ensure_reports_table(conn, &table.reports_table(), &table.limits_table()).await?;
 
     let autovacuum_changed = !options.skip_autovacuum && apply_autovacuum(conn, table).await?;
 
@@ -302,6 +303,7 @@ async fn migrate_locked(
 async fn ensure_reports_table(
     conn: &mut PgConnection,
     reports: &TableName,
+    limits: &TableName,
 ) -> Result<bool, MigrateError> {
     let step = "create or upgrade report table";
     let failed = |source: sqlx::Error| MigrateError::Statement { step, source };
@@ -325,6 +327,15 @@ async fn ensure_reports_table(
         .execute(&mut *tx)
         .await
         .map_err(failed)?;
+    // The limits table (issue 47) is shared by the schema's relays like the report table, so
+    // it is created under the same lock; added, never changed, so relays of the previous
+    // release, which do not know it, run beside it.
+    sqlx::raw_sql(AssertSqlSafe(crate::table::limits::create_table_sql(
+        limits,
+    )))
+    .execute(&mut *tx)
+    .await
+    .map_err(failed)?;
     tx.commit().await.map_err(failed)?;
     Ok(!existed)
 }

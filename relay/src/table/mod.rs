@@ -6,9 +6,10 @@ pub mod cleanup;
 pub mod health;
 pub mod ident;
 pub mod inspect;
+pub mod limits;
 pub mod migrate;
 pub mod outbox;
 pub mod reports;
 pub mod sql;
 
-pub use outbox::{Columns, DeliveryMode, OutboxTable, REPORTS_TABLE};
+pub use outbox::{Columns, DeliveryMode, LIMITS_TABLE, OutboxTable, REPORTS_TABLE};

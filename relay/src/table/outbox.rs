@@ -6,6 +6,9 @@ use crate::table::ident::{Ident, TableName};
 
 /// The lag-report table, next to every outbox table in its schema.
 pub const REPORTS_TABLE: &str = "outbox_relay_reports";
+/// The limits table, next to the report table: the per-pod share of an OutboxRelay's
+/// `spec.relay.maxRate`, written by the operator and read by the pods at each report.
+pub const LIMITS_TABLE: &str = "outbox_relay_limits";
 
 /// What happens to a row once the broker confirmed it. The operator's CRD uses this type too.
 #[derive(
@@ -255,6 +258,14 @@ impl OutboxTable {
         TableName {
             schema: self.name.schema.clone(),
             table: Ident::new(REPORTS_TABLE).expect("constant is valid"),
+        }
+    }
+
+    /// The limits table lives next to the report table.
+    pub fn limits_table(&self) -> TableName {
+        TableName {
+            schema: self.name.schema.clone(),
+            table: Ident::new(LIMITS_TABLE).expect("constant is valid"),
         }
     }
 }

@@ -28,6 +28,8 @@ pub fn create_table_sql(reports: &TableName) -> String {
            problem_kind text, \
            problem text, \
            table_health jsonb, \
+           max_rate double precision, \
+           rate_limited_seconds double precision, \
            PRIMARY KEY (relay, pod))",
         reports.quoted()
     )
@@ -37,7 +39,9 @@ pub fn create_table_sql(reports: &TableName) -> String {
 pub fn upgrade_table_sql(reports: &TableName) -> String {
     format!(
         "ALTER TABLE {} ADD COLUMN IF NOT EXISTS problem_kind text, \
-         ADD COLUMN IF NOT EXISTS problem text, ADD COLUMN IF NOT EXISTS table_health jsonb",
+         ADD COLUMN IF NOT EXISTS problem text, ADD COLUMN IF NOT EXISTS table_health jsonb, \
+         ADD COLUMN IF NOT EXISTS max_rate double precision, \
+         ADD COLUMN IF NOT EXISTS rate_limited_seconds double precision",
         reports.quoted()
     )
 }
@@ -158,12 +162,21 @@ pub struct Report {
     pub problem: Option<Problem>,
     /// The table's health, from the measuring pod only (like the backlog).
     pub table_health: Option<TableHealth>,
+    /// The rate limit in force in the pod (messages per second); None: none, or a relay older
+    /// than rate limits.
+    pub max_rate: Option<f64>,
+    /// Seconds the pod's workers waited for rate-limit permits during the interval, summed
+    /// over workers; None without a limit.
+    pub rate_limited_seconds: Option<f64>,
 }
 
 /// What [`upsert_report`] could store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stored {
     Everything,
+    /// The report table predates the rate-limit columns (`outbox-relay migrate` adds them):
+    /// all but the limit was stored.
+    WithoutRateLimit,
     /// The report table predates the problem and table-health columns (`outbox-relay
     /// migrate` adds them): the lag was stored, so the backlog and rates still reach the
     /// operator.
@@ -177,13 +190,13 @@ pub async fn upsert_report(
     reports: &TableName,
     report: &Report,
 ) -> Result<Stored, sqlx::Error> {
-    match write_report(conn, reports, report, true, true).await {
-        Err(e) if is_undefined_column(&e) => {
-            write_report(conn, reports, report, false, true).await?;
-            Ok(Stored::LagOnly)
+    for stored in Stored::TIERS {
+        match write_report(conn, reports, report, stored, true).await {
+            Err(e) if is_undefined_column(&e) && stored != Stored::LagOnly => continue,
+            written => return written.map(|()| stored),
         }
-        written => written.map(|()| Stored::Everything),
     }
+    unreachable!("the last tier returns")
 }
 
 /// [`upsert_report`] over a connection that reaches `pool_mode`. Under a transaction pool
@@ -199,39 +212,54 @@ pub async fn upsert_report_with(
     if pool_mode.named_statements() {
         return upsert_report(conn, reports, report).await;
     }
-    let mut attempt = conn.begin().await?;
-    match write_report(&mut attempt, reports, report, true, false).await {
-        Err(e) if is_undefined_column(&e) => {
-            attempt.rollback().await?;
-            let mut again = conn.begin().await?;
-            write_report(&mut again, reports, report, false, false).await?;
-            again.commit().await?;
-            Ok(Stored::LagOnly)
-        }
-        Err(e) => Err(e),
-        Ok(()) => {
-            attempt.commit().await?;
-            Ok(Stored::Everything)
+    for stored in Stored::TIERS {
+        let mut attempt = conn.begin().await?;
+        match write_report(&mut attempt, reports, report, stored, false).await {
+            Err(e) if is_undefined_column(&e) && stored != Stored::LagOnly => {
+                attempt.rollback().await?;
+            }
+            Err(e) => return Err(e),
+            Ok(()) => {
+                attempt.commit().await?;
+                return Ok(stored);
+            }
         }
     }
+    unreachable!("the last tier returns")
+}
+
+impl Stored {
+    /// From the newest columns down: a table not migrated since a release added columns
+    /// still takes what it has columns for.
+    const TIERS: [Stored; 3] = [
+        Stored::Everything,
+        Stored::WithoutRateLimit,
+        Stored::LagOnly,
+    ];
 }
 
 async fn write_report(
     conn: &mut PgConnection,
     reports: &TableName,
     report: &Report,
-    with_newer_columns: bool,
+    stored: Stored,
     persistent: bool,
 ) -> Result<(), sqlx::Error> {
-    let (columns, values, updates) = if with_newer_columns {
-        (
+    let (columns, values, updates) = match stored {
+        Stored::Everything => (
+            ", problem_kind, problem, table_health, max_rate, rate_limited_seconds",
+            ", $8, $9, $10, $11, $12",
+            ", problem_kind = EXCLUDED.problem_kind, problem = EXCLUDED.problem, \
+             table_health = EXCLUDED.table_health, max_rate = EXCLUDED.max_rate, \
+             rate_limited_seconds = EXCLUDED.rate_limited_seconds",
+        ),
+        Stored::WithoutRateLimit => (
             ", problem_kind, problem, table_health",
             ", $8, $9, $10",
             ", problem_kind = EXCLUDED.problem_kind, problem = EXCLUDED.problem, \
              table_health = EXCLUDED.table_health",
-        )
-    } else {
-        ("", "", "")
+        ),
+        Stored::LagOnly => ("", "", ""),
     };
     let sql = format!(
         "INSERT INTO {} AS r (relay, pod, reported_at, backlog, backlog_capped, oldest_age_seconds, published_total, publish_rate{columns}) \
@@ -249,12 +277,17 @@ async fn write_report(
         .bind(report.backlog.and_then(|b| b.oldest_age_seconds))
         .bind(report.published_total)
         .bind(report.publish_rate);
-    if with_newer_columns {
+    if stored != Stored::LagOnly {
         let problem = report.problem.as_ref();
         query = query
             .bind(problem.map(|p| p.kind.code()))
             .bind(problem.map(|p| p.message.as_str()))
             .bind(report.table_health.as_ref().map(sqlx::types::Json));
+    }
+    if stored == Stored::Everything {
+        query = query
+            .bind(report.max_rate)
+            .bind(report.rate_limited_seconds);
     }
     query.persistent(persistent).execute(&mut *conn).await?;
     Ok(())
@@ -290,7 +323,9 @@ pub async fn read_reports(
     let rows: Vec<ReportRow> = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT relay, pod, reported_at, backlog, backlog_capped, oldest_age_seconds, published_total, publish_rate, \
          to_jsonb(r) ->> 'problem_kind' AS problem_kind, to_jsonb(r) ->> 'problem' AS problem, \
-         to_jsonb(r) -> 'table_health' AS table_health FROM {t} AS r WHERE relay = $1 AND reported_at >= now() - make_interval(secs => $2) ORDER BY reported_at DESC"
+         to_jsonb(r) -> 'table_health' AS table_health, \
+         (to_jsonb(r) ->> 'max_rate')::float8 AS max_rate, \
+         (to_jsonb(r) ->> 'rate_limited_seconds')::float8 AS rate_limited_seconds FROM {t} AS r WHERE relay = $1 AND reported_at >= now() - make_interval(secs => $2) ORDER BY reported_at DESC"
     )))
     .bind(relay)
     .bind(max_age_seconds)
@@ -313,6 +348,8 @@ struct ReportRow {
     problem_kind: Option<String>,
     problem: Option<String>,
     table_health: Option<serde_json::Value>,
+    max_rate: Option<f64>,
+    rate_limited_seconds: Option<f64>,
 }
 
 impl From<ReportRow> for Report {
@@ -338,6 +375,8 @@ impl From<ReportRow> for Report {
             table_health: row
                 .table_health
                 .and_then(|value| serde_json::from_value(value).ok()),
+            max_rate: row.max_rate,
+            rate_limited_seconds: row.rate_limited_seconds,
         }
     }
 }
@@ -348,6 +387,13 @@ impl From<ReportRow> for Report {
 pub struct RelayLag {
     pub backlog: Option<Backlog>,
     pub publish_rate: f64,
+    /// The rate limits in force in the reporting pods, summed; None when none has one.
+    pub max_rate: Option<f64>,
+    /// The reporting pods' publish rates, summed over the pods that have a limit: compared
+    /// with `max_rate`, it says whether the limit holds them back.
+    pub limited_publish_rate: f64,
+    /// Seconds the pods' workers waited for permits during their last interval, summed.
+    pub rate_limited_seconds: f64,
     pub reporting_pods: usize,
     pub newest_report: Option<DateTime<Utc>>,
 }
@@ -360,6 +406,16 @@ pub fn summarize(reports: &[Report]) -> RelayLag {
             .max_by_key(|(at, _)| *at)
             .map(|(_, b)| b),
         publish_rate: reports.iter().map(|r| r.publish_rate).sum(),
+        max_rate: reports
+            .iter()
+            .filter_map(|r| r.max_rate)
+            .reduce(|a, b| a + b),
+        limited_publish_rate: reports
+            .iter()
+            .filter(|r| r.max_rate.is_some())
+            .map(|r| r.publish_rate)
+            .sum(),
+        rate_limited_seconds: reports.iter().filter_map(|r| r.rate_limited_seconds).sum(),
         reporting_pods: reports.len(),
         newest_report: reports.iter().map(|r| r.reported_at).max(),
     }
@@ -388,7 +444,13 @@ mod tests {
         let reports = TableName::parse("outbox_messages_reports").unwrap();
         let created = create_table_sql(&reports);
         let upgrade = upgrade_table_sql(&reports);
-        for column in ["problem_kind text", "problem text", "table_health jsonb"] {
+        for column in [
+            "problem_kind text",
+            "problem text",
+            "table_health jsonb",
+            "max_rate double precision",
+            "rate_limited_seconds double precision",
+        ] {
             assert!(created.contains(column), "{created}");
             assert!(
                 upgrade.contains(&format!("ADD COLUMN IF NOT EXISTS {column}")),

@@ -335,6 +335,8 @@ async fn a_report_table_from_before_the_problem_columns_keeps_working_and_migrat
             table_autovacuum: false,
             server_version_num: Some(150_018),
         }),
+        max_rate: Some(250.0),
+        rate_limited_seconds: Some(1.5),
     };
     let stored = upsert_report(&mut conn, &reports, &report).await.unwrap();
     assert_eq!(stored, Stored::LagOnly);
@@ -361,6 +363,10 @@ async fn a_report_table_from_before_the_problem_columns_keeps_working_and_migrat
         .unwrap();
     assert_eq!(read[0].problem, Some(problem));
     assert_eq!(read[0].table_health, report.table_health);
+    assert_eq!(
+        (read[0].max_rate, read[0].rate_limited_seconds),
+        (Some(250.0), Some(1.5))
+    );
 
     report.problem = None;
     upsert_report(&mut conn, &reports, &report).await.unwrap();

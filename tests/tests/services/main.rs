@@ -27,6 +27,7 @@ mod per_key_ordering;
 mod pg_failover;
 mod pgbouncer;
 mod publish_slots;
+mod rate_limit;
 mod relay_delivery;
 mod relay_faults;
 mod reports;

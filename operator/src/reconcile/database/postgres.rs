@@ -15,6 +15,7 @@ use outbox_relay::secret_url::SecretUrl;
 use outbox_relay::table::cleanup::{CleanupError, remove_migration};
 use outbox_relay::table::health::{HorizonClock, measure_table_health};
 use outbox_relay::table::inspect::{InspectError, inspect};
+use outbox_relay::table::limits::write_share;
 use outbox_relay::table::migrate::{MigrateError, migrate};
 use outbox_relay::table::reports::{Report, measure_backlog, read_reports, summarize};
 use outbox_relay::table::sql::Statements;
@@ -25,7 +26,8 @@ use crate::reconcile::database::claims::{
     CLAIMS_TABLE, Claim, claim_table, other_holder, release_claim,
 };
 use crate::reconcile::database::{
-    CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, PodProblem, RelayDatabase,
+    CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, PodProblem, RateShare,
+    RelayDatabase,
 };
 use crate::reconcile::error::Error;
 use crate::reconcile::validate::RelayPlan;
@@ -57,6 +59,16 @@ impl RelayDatabase for PostgresDatabase {
         observe_lag(database, plan, query).boxed()
     }
 
+    fn write_rate_share<'a>(
+        &'a self,
+        database: &'a DatabaseTarget,
+        plan: &'a RelayPlan,
+        relay_name: &'a str,
+        share: Option<RateShare>,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        write_rate_share(database, plan, relay_name, share).boxed()
+    }
+
     fn clean_up<'a>(
         &'a self,
         database: &'a DatabaseTarget,
@@ -65,6 +77,25 @@ impl RelayDatabase for PostgresDatabase {
     ) -> BoxFuture<'a, Result<CleanupRun, Error>> {
         clean_up(database, plan, request).boxed()
     }
+}
+
+/// The share goes into the limits table the migration created next to the report table.
+async fn write_rate_share(
+    target: &DatabaseTarget,
+    plan: &RelayPlan,
+    relay_name: &str,
+    share: Option<RateShare>,
+) -> Result<(), Error> {
+    let database_url = target.url();
+    let mut conn = connect(target).await?;
+    let result = write_share(&mut conn, &plan.table.limits_table(), relay_name, share).await;
+    let _ = conn.close().await;
+    result.map_err(|e| {
+        Error::ObserveLag(redact(
+            &format!("writing the rate-limit share: {e}"),
+            database_url,
+        ))
+    })
 }
 
 /// Removes what the migration created (when asked and the table is still this relay's), then
@@ -306,6 +337,9 @@ async fn read(
         measured_by_operator: false,
         problem: pod_problem(&reports),
         table_health,
+        max_rate: lag.max_rate,
+        limited_publish_rate: lag.limited_publish_rate,
+        rate_limited_seconds: lag.rate_limited_seconds,
     })
 }
 

@@ -119,6 +119,7 @@ fn settled_relay(generation: i64) -> (OutboxRelay, serde_json::Value) {
         scaling: &scaling,
         vacuum_blocked_after: plan.vacuum_blocked_after,
         oom_kills: &[],
+        rate_share: None,
     };
     relay.status = Some(healthy_status(None, &observation, Timestamp::now()));
     (relay, live)

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::scenario::{Scenario, assert_conditions, live_deployment, message, orders_relay};
 use crate::crd::OutboxRelay;
-use crate::reconcile::database::{LagObservation, LagQuery};
+use crate::reconcile::database::{LagObservation, LagQuery, RateShare};
 use crate::test_support::database::{DatabaseCall, nothing_reported};
 
 /// A relay with a scaling block.
@@ -23,7 +23,7 @@ fn scaling_relay(min: i32, max: i32, target: i64) -> OutboxRelay {
 fn lag_queries(calls: &[DatabaseCall]) -> Vec<&LagQuery> {
     let queries = calls.iter().filter_map(|call| match call {
         DatabaseCall::ObserveLag(query) => Some(query),
-        DatabaseCall::Migrate(_) | DatabaseCall::CleanUp(_) => None,
+        _ => None,
     });
     queries.collect()
 }
@@ -246,4 +246,61 @@ async fn a_resumed_relay_scales_from_zero_on_the_measured_backlog() {
         .run()
         .await;
     assert_eq!(lag_queries(&outcome.database)[0].running, 0);
+}
+
+#[tokio::test]
+async fn a_rate_limit_is_divided_among_the_pods_and_caps_the_scale_up() {
+    let mut relay = scaling_relay(1, 10, 1000);
+    relay.spec.relay.max_rate = Some(1_000.0);
+    let live = live_deployment(&relay, 1);
+    let outcome = Scenario::new(relay)
+        .migrated_before()
+        .database(|db| {
+            // One pod, its share the whole 1,000 msg/s, publishes 250/s: not held back by the
+            // limit, and 4 such pods reach it; the backlog asks for 9.
+            db.lag(|_| {
+                Ok(LagObservation {
+                    backlog: Some(9_000),
+                    backlog_age: Some(Duration::from_secs(2)),
+                    publish_rate: 250.0,
+                    reporting_pods: 1,
+                    max_rate: Some(1_000.0),
+                    limited_publish_rate: 250.0,
+                    ..Default::default()
+                })
+            })
+        })
+        .reads_secrets()
+        .finds_deployment(live)
+        .applies_deployment(2, 1, |body| assert_eq!(body["spec"]["replicas"], 4))
+        .event("DeploymentUpdated")
+        .event_checked("ScaledUp", |body| {
+            let note = body["note"].as_str().unwrap_or_default();
+            assert!(note.contains("spec.relay.maxRate 1000"), "{note}");
+        })
+        .writes_status(|status| {
+            assert_eq!(status.desired_replicas, Some(4));
+            let rate = status.rate_limit.as_ref().expect("status.rateLimit");
+            assert_eq!((rate.per_pod_rate, rate.held_back), (250.0, false));
+            assert_conditions(status, &[("ScalingLimited", "True", "RateLimited")]);
+        })
+        .run()
+        .await;
+    // The share for 4 pods, written in the round that asks for them.
+    let shares: Vec<&Option<RateShare>> = outcome
+        .database
+        .iter()
+        .filter_map(|call| match call {
+            DatabaseCall::WriteRateShare(share) => Some(share),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        shares,
+        [&Some(RateShare {
+            per_pod_rate: 250.0,
+            max_rate: 1_000.0,
+            replicas: 4
+        })]
+    );
 }
