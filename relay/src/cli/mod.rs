@@ -6,6 +6,7 @@ mod consume;
 mod dead_letters;
 mod lag;
 mod migrate;
+mod replay;
 mod run;
 mod seed;
 mod shared;
@@ -42,6 +43,9 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// List the dead letters grouped by cause, send a group again, or settle it for good.
     DeadLetters(dead_letters::DeadLettersArgs),
+    /// Send rows already relayed again (by claim-order range, type, partition key or ids):
+    /// pending again at their claim position, in batches, with the x-outbox-replay header.
+    Replay(replay::ReplayArgs),
 }
 
 /// Parses the command line and runs the command.
@@ -71,6 +75,7 @@ pub fn main() -> ExitCode {
             Command::Seed(args) => seed::command(args).await,
             Command::Consume(args) => consume::command(args).await,
             Command::DeadLetters(args) => dead_letters::command(args).await,
+            Command::Replay(args) => replay::command(args).await,
         }
     })
 }

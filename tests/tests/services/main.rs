@@ -29,6 +29,7 @@ mod pgbouncer;
 mod publish_slots;
 mod relay_delivery;
 mod relay_faults;
+mod replay;
 mod reports;
 mod secure_broker;
 mod secure_postgres;
