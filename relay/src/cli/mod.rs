@@ -43,8 +43,7 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// List the dead letters grouped by cause, send a group again, or settle it for good.
     DeadLetters(dead_letters::DeadLettersArgs),
-    /// Send rows already relayed again (by claim-order range, type, partition key or ids):
-    /// pending again at their claim position, in batches, with the x-outbox-replay header.
+    /// Send rows already relayed again, chosen by time range, type, key or ids, marked x-outbox-replay.
     Replay(replay::ReplayArgs),
 }
 

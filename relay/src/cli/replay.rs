@@ -30,7 +30,8 @@ pub struct ReplayArgs {
     /// Only rows of this message type; repeat for more.
     #[arg(long = "type", value_name = "TYPE")]
     pub types: Vec<String>,
-    /// Only rows of this partition key (needs --partition-key-column); repeat for more.
+    /// Only rows of this partition key (needs --partition-key-column and --ordering per-key, as
+    /// the relay runs); repeat for more.
     #[arg(long = "key", value_name = "KEY")]
     pub keys: Vec<String>,
     /// Only the rows whose ids this file lists, one uuid per line (blank lines are skipped).
@@ -132,7 +133,8 @@ fn check_table(args: &ReplayArgs, table: &OutboxTable) -> Result<(), ConfigError
             "key",
             format!(
                 "selects by partition key, but no partition-key column is mapped for {}; \
-                 give --partition-key-column (columns.partitionKey in the config file)",
+                 give --partition-key-column with --ordering per-key, as the relay runs \
+                 (columns.partition_key and ordering: per-key in the config file)",
                 table.name
             ),
         ));

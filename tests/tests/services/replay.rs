@@ -537,7 +537,14 @@ async fn per_key_order_holds_across_a_replay_and_a_dead_letters_requeue() {
         keys.push(format!("k{k}"));
     }
     let mut extra: Vec<&str> = keys.iter().map(String::as_str).collect();
-    extra.extend_from_slice(&["--partition-key-column", KEY, "--batch-size", "4"]);
+    extra.extend_from_slice(&[
+        "--ordering",
+        "per-key",
+        "--partition-key-column",
+        KEY,
+        "--batch-size",
+        "4",
+    ]);
     let (code, out, err) = command(&replay(&name, &extra)).await;
     assert_eq!(code, 0, "{err}");
     assert!(
