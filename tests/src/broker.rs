@@ -31,6 +31,8 @@ pub struct Received {
     pub arrivals: Vec<Uuid>,
     /// When each of `arrivals` came, in the same order: the gaps a fault leaves in delivery.
     pub arrived_at: Vec<std::time::Instant>,
+    /// The `x-outbox-replay` header of each id's last delivery that had one (a replay).
+    pub replays: HashMap<Uuid, String>,
 }
 
 pub struct Consumer {
@@ -154,6 +156,9 @@ pub async fn consume_at(
                     if let Some(kind) = delivery.properties.kind() {
                         seen.types.insert(id, kind.to_string());
                     }
+                    if let Some(replay) = replay_header(&delivery.properties) {
+                        seen.replays.insert(id, replay);
+                    }
                 }
                 None => seen.without_id += 1,
             }
@@ -163,6 +168,15 @@ pub async fn consume_at(
         queue,
         received,
         connection,
+    }
+}
+
+/// The `x-outbox-replay` header `outbox-relay replay` marks a message with, as text.
+fn replay_header(properties: &lapin::BasicProperties) -> Option<String> {
+    let headers = properties.headers().as_ref()?;
+    match headers.inner().get("x-outbox-replay")? {
+        lapin::types::AMQPValue::LongString(text) => Some(text.to_string()),
+        other => Some(format!("{other:?}")),
     }
 }
 
@@ -213,6 +227,11 @@ impl Consumer {
             .map(|pair| (pair[1] - pair[0], pair[0] - first))
             .max()
             .unwrap_or_default()
+    }
+
+    /// The replay header of `id`'s last replayed delivery; None when none was a replay.
+    pub fn replay_of(&self, id: &Uuid) -> Option<String> {
+        self.received.lock().unwrap().replays.get(id).cloned()
     }
 
     pub fn has(&self, id: &Uuid) -> bool {

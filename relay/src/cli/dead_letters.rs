@@ -4,10 +4,10 @@
 
 use std::process::ExitCode;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::shared::{connect, failure, inspect_failure, usage_error};
+use super::shared::{connect, failure, inspect_failure, parse_time, time, usage_error};
 use crate::config::{ConfigError, TableArgs};
 use crate::table::inspect::inspect;
 use crate::tools::dead_letters::{self, Action, Group, Preview, Selection};
@@ -122,23 +122,6 @@ fn print_groups(groups: &[Group]) {
             g.class
         );
     }
-}
-
-fn time(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-/// Reads `--from` or `--to`; the error names the option.
-fn parse_time(option: &str, text: &Option<String>) -> Result<Option<DateTime<Utc>>, ConfigError> {
-    let Some(text) = text else { return Ok(None) };
-    DateTime::parse_from_rfc3339(text)
-        .map(|t| Some(t.with_timezone(&Utc)))
-        .map_err(|e| {
-            ConfigError::new(
-                option,
-                format!("{text:?} is not an RFC 3339 time ({e}); e.g. 2026-12-05T04:00:00Z"),
-            )
-        })
 }
 
 /// The checks that need no database: the range and the batch size, and that something is

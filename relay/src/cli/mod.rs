@@ -6,6 +6,7 @@ mod consume;
 mod dead_letters;
 mod lag;
 mod migrate;
+mod replay;
 mod run;
 mod seed;
 mod shared;
@@ -43,6 +44,8 @@ enum Command {
     Consume(consume::ConsumeArgs),
     /// List the dead letters grouped by cause, send a group again, or settle it for good.
     DeadLetters(dead_letters::DeadLettersArgs),
+    /// Send rows already relayed again, chosen by time range, type, key or ids, marked x-outbox-replay.
+    Replay(replay::ReplayArgs),
 }
 
 /// Parses the command line and runs the command.
@@ -78,6 +81,7 @@ pub fn main() -> ExitCode {
             Command::Seed(args) => seed::command(args).await,
             Command::Consume(args) => consume::command(args).await,
             Command::DeadLetters(args) => dead_letters::command(args).await,
+            Command::Replay(args) => replay::command(args).await,
         }
     })
 }

@@ -2,10 +2,11 @@
 
 use std::process::ExitCode;
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use indicatif::{HumanCount, ProgressState, ProgressStyle};
 use sqlx::PgConnection;
 
-use crate::config::{LogFormat, TableArgs, TableConfig, resolve_table};
+use crate::config::{ConfigError, LogFormat, TableArgs, TableConfig, resolve_table};
 use crate::database::{ConnectFailure, DatabaseTarget, FailureKind};
 use crate::table::inspect::InspectError;
 
@@ -76,6 +77,27 @@ pub fn inspect_failure(e: InspectError) -> ExitCode {
     } else {
         failure(e)
     }
+}
+
+/// A claim-order time as the commands print it: RFC 3339, UTC, milliseconds.
+pub fn time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// Reads a time option (`--from`, `--since`, ...); the error names the option.
+pub fn parse_time(
+    option: &str,
+    text: &Option<String>,
+) -> Result<Option<DateTime<Utc>>, ConfigError> {
+    let Some(text) = text else { return Ok(None) };
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| Some(t.with_timezone(&Utc)))
+        .map_err(|e| {
+            ConfigError::new(
+                option,
+                format!("{text:?} is not an RFC 3339 time ({e}); e.g. 2026-12-05T04:00:00Z"),
+            )
+        })
 }
 
 /// The progress bar of `seed` and `consume`: indicatif's own `{per_sec}` prints four decimals

@@ -2,4 +2,5 @@
 
 pub mod consume;
 pub mod dead_letters;
+pub mod replay;
 pub mod seed;

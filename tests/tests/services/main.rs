@@ -30,6 +30,7 @@ mod publish_slots;
 mod rate_limit;
 mod relay_delivery;
 mod relay_faults;
+mod replay;
 mod reports;
 mod secure_broker;
 mod secure_postgres;
