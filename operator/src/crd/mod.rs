@@ -274,6 +274,17 @@ pub struct ColumnsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
     pub partition_key: Option<String>,
+    /// Optional text column with the W3C traceparent the producing service wrote in its
+    /// transaction: sent on as the traceparent header (application property under amqp10),
+    /// so the consumer continues the producer's trace. A malformed one is left off and counted
+    /// (outbox_relay_trace_context_invalid_total); the message still goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub traceparent: Option<String>,
+    /// Optional text column with the W3C tracestate that goes with traceparent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub tracestate: Option<String>,
 }
 
 impl Default for ColumnsSpec {
@@ -289,6 +300,8 @@ impl Default for ColumnsSpec {
             headers: None,
             attempts: None,
             partition_key: None,
+            traceparent: None,
+            tracestate: None,
         }
     }
 }
@@ -357,6 +370,31 @@ pub struct BrokerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = AMQP_SHORT_STRING_MAX))]
     pub dead_letter_exchange: Option<String>,
+    /// Send every message as a CloudEvent. Absent: plain messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_events: Option<CloudEventsSpec>,
+}
+
+/// CloudEvents binary content mode: the payload stays the row's, byte for byte; the event's
+/// attributes (specversion 1.0, id ← the message id, type ← the type column, source ← `source`,
+/// time ← the occurredAt column, subject ← the partition key when mapped, datacontenttype ←
+/// the content type) go as `ce-` headers under amqp091 (RabbitMQ's CloudEvents binding, read
+/// by Knative and the CloudEvents SDKs) and as `cloudEvents:` application properties under
+/// amqp10 (the CloudEvents AMQP binding).
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.mode != 'binary' || has(self.source)").message("cloudEvents.mode binary needs source: a URI-reference naming the producer, e.g. /orders or urn:example:orders").field_path(".source")
+)]
+pub struct CloudEventsSpec {
+    /// binary: CloudEvents binary content mode. off: plain messages (as if absent).
+    #[serde(default)]
+    pub mode: CloudEventsMode,
+    /// The source attribute of every event: a URI-reference (RFC 3986) naming the producer,
+    /// e.g. /orders, urn:example:orders or https://example.com/orders. Required with binary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub source: Option<String>,
 }
 
 /// Longest `broker.address` accepted: AMQP 1.0 sets no limit, Service Bus entity paths stop at
@@ -365,6 +403,7 @@ pub const ADDRESS_MAX: usize = 1024;
 
 // The relay's own types: one definition of each mode, whatever reads it (flag, YAML, CRD).
 pub use outbox_relay::broker::BrokerProtocol;
+pub use outbox_relay::broker::cloudevents::CloudEventsMode;
 pub use outbox_relay::config::LogFormat;
 pub use outbox_relay::database::PoolMode;
 use outbox_relay::defaults::AMQP_SHORT_STRING_MAX;

@@ -12,8 +12,8 @@ use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::table::{Columns, OutboxTable};
 
 use crate::crd::{
-    BrokerProtocol, OutboxRelaySpec, PoolMode, PostgresTlsMode, RelayOrdering, ScalingRules,
-    ScalingSpec,
+    BrokerProtocol, CloudEventsMode, CloudEventsSpec, OutboxRelaySpec, PoolMode, PostgresTlsMode,
+    RelayOrdering, ScalingRules, ScalingSpec,
 };
 
 /// One problem with the spec.
@@ -163,6 +163,9 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
     }
     if let Some(dlx) = &broker.dead_letter_exchange {
         check.short_string("spec.broker.deadLetterExchange", dlx);
+    }
+    if let Some(cloud_events) = &broker.cloud_events {
+        check_cloud_events(&mut check, cloud_events);
     }
     check_protocol(&mut check, spec);
     check_tls(&mut check, spec);
@@ -391,6 +394,25 @@ fn check_protocol(check: &mut Checker, spec: &OutboxRelaySpec) {
     }
 }
 
+/// Binary mode needs a source the relay accepts: the same check as its flag, so the pods never
+/// crash-loop on it.
+fn check_cloud_events(check: &mut Checker, spec: &CloudEventsSpec) {
+    let p = "spec.broker.cloudEvents.source";
+    match (spec.mode, &spec.source) {
+        (CloudEventsMode::Binary, None) => check.fail(
+            p,
+            "is required with mode binary: a URI-reference naming the producer, e.g. /orders \
+             or urn:example:orders",
+        ),
+        (CloudEventsMode::Binary, Some(source)) => {
+            if let Err(e) = outbox_relay::broker::cloudevents::check_source(source) {
+                check.fail(p, e);
+            }
+        }
+        (CloudEventsMode::Off, _) => {}
+    }
+}
+
 fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns> {
     let c = &spec.database.columns;
     let p = "spec.database.columns";
@@ -408,6 +430,8 @@ fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns>
     let headers = optional("headers", &c.headers);
     let attempts = optional("attempts", &c.attempts);
     let partition_key = optional("partitionKey", &c.partition_key);
+    let traceparent = optional("traceparent", &c.traceparent);
+    let tracestate = optional("tracestate", &c.tracestate);
     let columns = Columns {
         id: id?,
         kind: kind?,
@@ -419,7 +443,17 @@ fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns>
         headers: headers?,
         attempts: attempts?,
         partition_key: partition_key?,
+        traceparent: traceparent?,
+        tracestate: tracestate?,
     };
+    if columns.tracestate.is_some() && columns.traceparent.is_none() {
+        check.fail(
+            &format!("{p}.tracestate"),
+            "goes with a traceparent (W3C: a tracestate without one is discarded): set \
+             traceparent too, or remove it",
+        );
+        return None;
+    }
     // One column cannot play two parts: the relay would write its error text into the payload.
     let mut seen: Vec<&Ident> = Vec::new();
     for (_, column) in columns.mapped() {

@@ -17,8 +17,10 @@ use lapin::{
     DefaultConnectionBuilder, ExchangeKind, PublisherConfirm,
 };
 
+use super::cloudevents::{self, AMQP091_PREFIX, CloudEvents, SPEC_VERSION, attributes};
 use super::routing::ExchangeType;
 use super::tls::{BrokerTls, classify, with_password_file};
+use super::trace_context::{TRACEPARENT, TRACESTATE, TraceContext};
 use super::{
     BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Rejection,
     Target, Unconfirmed,
@@ -47,6 +49,8 @@ pub struct AmqpSettings {
     pub tls: BrokerTls,
     /// Read at each connect; its password replaces the URL's.
     pub password_file: Option<PathBuf>,
+    /// CloudEvents binary content mode; None when off.
+    pub cloudevents: Option<CloudEvents>,
 }
 
 /// Opens [`AmqpPublisher`]s: the URL and the settings every worker of a process shares.
@@ -112,15 +116,22 @@ impl AmqpPublisher {
     }
 
     fn properties(&self, message: &Message<'_>) -> BasicProperties {
+        let id = message.id.to_string();
+        let mut headers = message.headers.map(header_table);
+        if let Some(context) = &message.trace.context {
+            trace_headers(headers.get_or_insert_default(), context, "");
+        }
+        if let Some(settings) = &self.settings.cloudevents {
+            cloud_event_headers(headers.get_or_insert_default(), settings, message, &id);
+        }
         let mut properties = BasicProperties::default()
-            .with_message_id(message.id.to_string().into())
+            .with_message_id(id.into())
             .with_type(message.kind.into())
             .with_content_type(self.content_type.clone())
             .with_delivery_mode(2);
         if let Some(ts) = message.timestamp {
             properties = properties.with_timestamp(ts);
         }
-        let mut headers = message.headers.map(field_table);
         if let Some(error) = message.error {
             headers
                 .get_or_insert_default()
@@ -355,6 +366,65 @@ async fn ensure_exchange(
     channel
         .exchange_declare(name.into(), kind, options, FieldTable::default())
         .await
+}
+
+/// The row's headers column as the message's headers. `traceparent` and `tracestate` are
+/// left out: the message's checked trace context ([`Message::trace`]) says what goes there.
+fn header_table(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in map {
+        if key != TRACEPARENT && key != TRACESTATE {
+            table.insert(key.as_str().into(), amqp_value(value));
+        }
+    }
+    table
+}
+
+fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
+}
+
+/// The W3C headers of a checked trace context, their names after `prefix`.
+fn trace_headers(headers: &mut FieldTable, context: &TraceContext<'_>, prefix: &str) {
+    headers.insert(
+        format!("{prefix}{TRACEPARENT}").into(),
+        text(context.traceparent),
+    );
+    if let Some(state) = context.tracestate {
+        headers.insert(format!("{prefix}{TRACESTATE}").into(), text(state));
+    }
+}
+
+/// The CloudEvents attributes as the RabbitMQ protocol binding spells them (see
+/// [`super::cloudevents`]): `ce-` headers, string values; `datacontenttype` is the
+/// content-type property. They replace headers of the same names from the row. The trace
+/// context goes as the distributed-tracing extension too (`ce-traceparent`), beside the bare
+/// W3C header that OpenTelemetry's messaging instrumentations read.
+fn cloud_event_headers(
+    headers: &mut FieldTable,
+    settings: &CloudEvents,
+    message: &Message<'_>,
+    id: &str,
+) {
+    let mut put = |name: &str, value: &str| {
+        headers.insert(format!("{AMQP091_PREFIX}{name}").into(), text(value));
+    };
+    put(attributes::SPECVERSION, SPEC_VERSION);
+    put(attributes::ID, id);
+    put(attributes::TYPE, message.kind);
+    put(attributes::SOURCE, &settings.source);
+    if let Some(time) = message.occurred_at {
+        put(attributes::TIME, &cloudevents::rfc3339(time));
+    }
+    if let Some(subject) = message
+        .partition_key
+        .and_then(|key| std::str::from_utf8(key).ok())
+    {
+        put(attributes::SUBJECT, subject);
+    }
+    if let Some(context) = &message.trace.context {
+        trace_headers(headers, context, AMQP091_PREFIX);
+    }
 }
 
 /// A JSON object as an AMQP field table, nested objects and arrays included. The names were

@@ -5,6 +5,7 @@ use super::row::{ClaimedRow, Column, Malformed};
 use crate::broker::Message;
 use crate::broker::headers;
 use crate::broker::routing::RoutingKey;
+use crate::broker::trace_context::{MessageTrace, TRACEPARENT, TRACESTATE};
 use crate::defaults::AMQP_SHORT_STRING_MAX;
 
 /// The value of `column` when it fits an AMQP short string.
@@ -38,15 +39,40 @@ pub fn to_message<'a>(
         RoutingKey::Static(key) => key.as_str(),
     };
     let routing_key = short_string(Column::RoutingKey, routing_key)?;
+    let headers = headers::check(row.headers.as_ref())?;
     Ok(Message {
         id: row.id,
         kind,
         routing_key,
         payload,
         timestamp: timestamp(row),
-        headers: headers::check(row.headers.as_ref())?,
+        headers,
         error: None,
+        trace: trace(row, headers),
+        occurred_at: row.occurred_at,
+        partition_key: row.partition_key.as_deref(),
     })
+}
+
+/// The row's trace context: from the trace-context columns when the row has a traceparent
+/// there, else from `traceparent` and `tracestate` keys of its headers (a service that already
+/// writes its propagator's headers into the headers column needs no new column). A value that
+/// is not text counts as malformed.
+fn trace<'a>(
+    row: &'a ClaimedRow,
+    headers: Option<&'a serde_json::Map<String, serde_json::Value>>,
+) -> MessageTrace<'a> {
+    if let Some(traceparent) = row.traceparent.as_deref() {
+        return MessageTrace::of(Some(traceparent), row.tracestate.as_deref());
+    }
+    let Some(headers) = headers else {
+        return MessageTrace::default();
+    };
+    let text = |name: &str| headers.get(name).map(|value| value.as_str().unwrap_or(""));
+    match text(TRACEPARENT) {
+        None => MessageTrace::default(),
+        Some(traceparent) => MessageTrace::of(Some(traceparent), text(TRACESTATE)),
+    }
 }
 
 /// The AMQP timestamp of a row: its claim position in whole seconds, when it has one after 1970.
@@ -75,6 +101,9 @@ pub fn dead_letter<'a>(
         timestamp: timestamp(row),
         headers: None,
         error: Some(error),
+        trace: MessageTrace::default(),
+        occurred_at: row.occurred_at,
+        partition_key: row.partition_key.as_deref(),
     }
 }
 

@@ -229,6 +229,7 @@ pub async fn run(
                 connection_name,
                 tls: config.broker_tls.clone(),
                 password_file: config.broker_password_file.clone(),
+                cloudevents: config.cloudevents.clone(),
             };
             let connector = NodeList::new(
                 &config.broker_urls,
@@ -248,6 +249,7 @@ pub async fn run(
                 container_id: connection_name,
                 tls: config.broker_tls.clone(),
                 password_file: config.broker_password_file.clone(),
+                cloudevents: config.cloudevents.clone(),
             };
             let connector = NodeList::new(
                 &config.broker_urls,
