@@ -31,6 +31,9 @@ pub struct Received {
     pub arrivals: Vec<Uuid>,
     /// When each of `arrivals` came, in the same order: the gaps a fault leaves in delivery.
     pub arrived_at: Vec<std::time::Instant>,
+    /// The headers of each message that had any, as text (strings as themselves, other
+    /// values in their debug form); messages without headers cost nothing here.
+    pub headers: HashMap<Uuid, HashMap<String, String>>,
 }
 
 pub struct Consumer {
@@ -154,6 +157,9 @@ pub async fn consume_at(
                     if let Some(kind) = delivery.properties.kind() {
                         seen.types.insert(id, kind.to_string());
                     }
+                    if let Some(headers) = delivery.properties.headers() {
+                        seen.headers.insert(id, header_texts(headers));
+                    }
                 }
                 None => seen.without_id += 1,
             }
@@ -166,7 +172,28 @@ pub async fn consume_at(
     }
 }
 
+fn header_texts(headers: &FieldTable) -> HashMap<String, String> {
+    headers
+        .inner()
+        .iter()
+        .map(|(name, value)| {
+            let text = match value {
+                lapin::types::AMQPValue::LongString(text) => {
+                    String::from_utf8_lossy(text.as_bytes()).into_owned()
+                }
+                other => format!("{other:?}"),
+            };
+            (name.to_string(), text)
+        })
+        .collect()
+}
+
 impl Consumer {
+    /// The headers message `id` arrived with (first arrival), if it had any.
+    pub fn headers(&self, id: &Uuid) -> Option<HashMap<String, String>> {
+        self.received.lock().unwrap().headers.get(id).cloned()
+    }
+
     pub fn total(&self) -> u64 {
         self.received.lock().unwrap().total
     }

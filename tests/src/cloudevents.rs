@@ -111,14 +111,21 @@ pub fn decode_amqp10(messages: &[Amqp10Message]) -> Vec<Decoded> {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run decode.py");
-    {
-        let mut stdin = child.stdin.take().expect("stdin");
-        for message in messages {
-            let line = serde_json::to_string(message).expect("json");
+    // Written from a thread: the script answers each line as it reads it, and a pipe that
+    // fills on either side would otherwise hold both processes.
+    let lines: Vec<String> = messages
+        .iter()
+        .map(|message| serde_json::to_string(message).expect("json"))
+        .collect();
+    let mut stdin = child.stdin.take().expect("stdin");
+    let writer = std::thread::spawn(move || {
+        for line in lines {
             writeln!(stdin, "{line}").expect("write to decode.py");
         }
-    }
-    decoded(child.wait_with_output().expect("decode.py output"))
+    });
+    let output = child.wait_with_output().expect("decode.py output");
+    writer.join().expect("the writer thread");
+    decoded(output)
 }
 
 /// Standard base64, the form Python's base64 module writes and reads.

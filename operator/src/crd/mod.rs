@@ -380,21 +380,27 @@ pub struct BrokerSpec {
 /// time ← the occurredAt column, subject ← the partition key when mapped, datacontenttype ←
 /// the content type) go as `ce-` headers under amqp091 (RabbitMQ's CloudEvents binding, read
 /// by Knative and the CloudEvents SDKs) and as `cloudEvents:` application properties under
-/// amqp10 (the CloudEvents AMQP binding).
+/// amqp10 (the CloudEvents AMQP binding). Remove the block to send plain messages.
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(
-    validation = Rule::new("self.mode != 'binary' || has(self.source)").message("cloudEvents.mode binary needs source: a URI-reference naming the producer, e.g. /orders or urn:example:orders").field_path(".source")
-)]
 pub struct CloudEventsSpec {
-    /// binary: CloudEvents binary content mode. off: plain messages (as if absent).
+    /// binary, the only content mode offered (structured mode would rewrite the payload).
     #[serde(default)]
-    pub mode: CloudEventsMode,
+    pub mode: CloudEventsContentMode,
     /// The source attribute of every event: a URI-reference (RFC 3986) naming the producer,
-    /// e.g. /orders, urn:example:orders or https://example.com/orders. Required with binary.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// e.g. /orders, urn:example:orders or https://example.com/orders.
     #[schemars(length(min = 1, max = 2048))]
-    pub source: Option<String>,
+    pub source: String,
+}
+
+/// How the event travels. One value, so that a later structured mode is a new value and not a
+/// new field; no `off` (YAML 1.1 readers, kubectl's among them, take `off` for false).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum CloudEventsContentMode {
+    /// Attributes in headers (application properties), the payload untouched.
+    #[default]
+    Binary,
 }
 
 /// Longest `broker.address` accepted: AMQP 1.0 sets no limit, Service Bus entity paths stop at
@@ -403,7 +409,6 @@ pub const ADDRESS_MAX: usize = 1024;
 
 // The relay's own types: one definition of each mode, whatever reads it (flag, YAML, CRD).
 pub use outbox_relay::broker::BrokerProtocol;
-pub use outbox_relay::broker::cloudevents::CloudEventsMode;
 pub use outbox_relay::config::LogFormat;
 pub use outbox_relay::database::PoolMode;
 use outbox_relay::defaults::AMQP_SHORT_STRING_MAX;

@@ -22,11 +22,9 @@ use outbox_relay::config::argv::{column_args, run_argv};
 use outbox_relay::config::{RunArgs, TableArgs};
 use outbox_relay::table::outbox::DeliveryOrder;
 
-use crate::crd::{
-    BrokerProtocol, BrokerSpec, CloudEventsMode, CloudEventsSpec, OutboxRelay, OutboxRelaySpec,
-    SecretKeyRef,
-};
+use crate::crd::{BrokerProtocol, BrokerSpec, OutboxRelay, SecretKeyRef};
 use crate::reconcile::validate::RelayPlan;
+use outbox_relay::broker::cloudevents::CloudEventsMode;
 
 use self::files::ConnectionFiles;
 use self::placement::{disruption_budget, spread_constraints};
@@ -308,20 +306,16 @@ fn relay_args(relay: &OutboxRelay, plan: &RelayPlan, files: &ConnectionFiles) ->
             spec.relay.termination_grace_period_seconds,
         ))),
         processed_retention: plan.processed_retention,
-        // Rendered only when on, so Deployments without CloudEvents keep their hash.
-        cloudevents: cloud_events(spec).map(|_| CloudEventsMode::Binary),
-        cloudevents_source: cloud_events(spec).and_then(|c| c.source.clone()),
+        // Rendered only when set, so Deployments without CloudEvents keep their hash.
+        cloudevents: spec
+            .broker
+            .cloud_events
+            .as_ref()
+            .map(|_| CloudEventsMode::Binary),
+        cloudevents_source: spec.broker.cloud_events.as_ref().map(|c| c.source.clone()),
         ..Default::default()
     };
     run_argv(&options)
-}
-
-/// The CloudEvents settings when binary mode is on.
-fn cloud_events(spec: &OutboxRelaySpec) -> Option<&CloudEventsSpec> {
-    spec.broker
-        .cloud_events
-        .as_ref()
-        .filter(|c| c.mode == CloudEventsMode::Binary)
 }
 
 /// Five seconds of margin below the termination grace period, and never below one second.

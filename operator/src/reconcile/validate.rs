@@ -12,8 +12,8 @@ use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::table::{Columns, OutboxTable};
 
 use crate::crd::{
-    BrokerProtocol, CloudEventsMode, CloudEventsSpec, OutboxRelaySpec, PoolMode, PostgresTlsMode,
-    RelayOrdering, ScalingRules, ScalingSpec,
+    BrokerProtocol, CloudEventsSpec, OutboxRelaySpec, PoolMode, PostgresTlsMode, RelayOrdering,
+    ScalingRules, ScalingSpec,
 };
 
 /// One problem with the spec.
@@ -394,22 +394,11 @@ fn check_protocol(check: &mut Checker, spec: &OutboxRelaySpec) {
     }
 }
 
-/// Binary mode needs a source the relay accepts: the same check as its flag, so the pods never
+/// The source must be one the relay accepts: the same check as its flag, so the pods never
 /// crash-loop on it.
 fn check_cloud_events(check: &mut Checker, spec: &CloudEventsSpec) {
-    let p = "spec.broker.cloudEvents.source";
-    match (spec.mode, &spec.source) {
-        (CloudEventsMode::Binary, None) => check.fail(
-            p,
-            "is required with mode binary: a URI-reference naming the producer, e.g. /orders \
-             or urn:example:orders",
-        ),
-        (CloudEventsMode::Binary, Some(source)) => {
-            if let Err(e) = outbox_relay::broker::cloudevents::check_source(source) {
-                check.fail(p, e);
-            }
-        }
-        (CloudEventsMode::Off, _) => {}
+    if let Err(e) = outbox_relay::broker::cloudevents::check_source(&spec.source) {
+        check.fail("spec.broker.cloudEvents.source", e);
     }
 }
 
@@ -768,6 +757,26 @@ mod tests {
                 && m.ends_with("; remove it")),
             "{all:#?}"
         );
+    }
+
+    #[test]
+    fn cloudevents_need_a_source_the_relay_accepts() {
+        let mut spec = sample_spec();
+        spec.broker.cloud_events = Some(CloudEventsSpec {
+            mode: Default::default(),
+            source: "not a uri".into(),
+        });
+        let err = validate(&spec).unwrap_err().to_string();
+        assert!(err.contains("spec.broker.cloudEvents.source"), "{err}");
+        assert!(err.contains("URI-reference"), "{err}");
+        spec.broker.cloud_events = Some(CloudEventsSpec {
+            mode: Default::default(),
+            source: "/orders".into(),
+        });
+        assert!(validate(&spec).is_ok());
+        spec.database.columns.tracestate = Some("trace_state".into());
+        let err = validate(&spec).unwrap_err().to_string();
+        assert!(err.contains("spec.database.columns.tracestate"), "{err}");
     }
 
     #[test]

@@ -141,6 +141,49 @@ mod tests {
     }
 
     #[test]
+    fn trace_context_comes_from_the_columns_else_the_headers() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let in_headers = serde_json::json!({"traceparent": other, "tracestate": "a=1"});
+        let both = ClaimedRow {
+            traceparent: Some(valid.into()),
+            headers: Some(in_headers.clone()),
+            ..row()
+        };
+        let message = to_message(&both, &RoutingKey::Type).unwrap();
+        let context = message.trace.context.unwrap();
+        assert_eq!(context.traceparent, valid);
+        assert_eq!(
+            context.tracestate, None,
+            "the columns win, tracestate included"
+        );
+
+        let headers_only = ClaimedRow {
+            headers: Some(in_headers),
+            ..row()
+        };
+        let message = to_message(&headers_only, &RoutingKey::Type).unwrap();
+        assert_eq!(message.trace.context.unwrap().traceparent, other);
+        assert_eq!(message.trace.context.unwrap().tracestate, Some("a=1"));
+
+        // Not text, or malformed: the row still becomes a message, with the drop noted.
+        for bad in [
+            serde_json::json!({"traceparent": 7}),
+            serde_json::json!({"traceparent": "x"}),
+        ] {
+            let r = ClaimedRow {
+                headers: Some(bad),
+                ..row()
+            };
+            let message = to_message(&r, &RoutingKey::Type).expect("still a message");
+            assert!(message.trace.context.is_none());
+            assert!(message.trace.dropped.is_some());
+        }
+        let message = to_message(&row(), &RoutingKey::Type).unwrap();
+        assert_eq!(message.trace, Default::default());
+    }
+
+    #[test]
     fn malformed_rows_say_why() {
         let null_payload = ClaimedRow {
             payload: None,

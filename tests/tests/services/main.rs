@@ -34,3 +34,4 @@ mod secure_broker;
 mod secure_postgres;
 mod settling_claim;
 mod table_health;
+mod trace_context;
