@@ -179,7 +179,8 @@ mod tests {
             assert!(message.trace.context.is_none());
             assert!(message.trace.dropped.is_some());
         }
-        let message = to_message(&row(), &RoutingKey::Type).unwrap();
+        let plain = row();
+        let message = to_message(&plain, &RoutingKey::Type).unwrap();
         assert_eq!(message.trace, Default::default());
     }
 
