@@ -85,6 +85,7 @@ async fn publish_amqp10_until_stopped(
         container_id: format!("outbox-bench ceiling {}", Uuid::now_v7()),
         tls: Default::default(),
         password_file: None,
+        cloudevents: None,
     };
     let mut publisher = Amqp10Publisher::connect(&url, settings)
         .await
@@ -104,6 +105,9 @@ async fn publish_amqp10_until_stopped(
                 timestamp,
                 headers: None,
                 error: None,
+                trace: Default::default(),
+                occurred_at: None,
+                partition_key: None,
             })
             .collect();
         let outcome = publisher.publish_batch(Target::Main, &messages).await;

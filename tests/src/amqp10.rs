@@ -100,6 +100,9 @@ pub struct Seen {
     pub creation_time_ms: Option<i64>,
     pub durable: bool,
     pub application_properties: HashMap<String, String>,
+    /// The same properties as a Python AMQP 1.0 client hands them over (strings, numbers,
+    /// booleans; timestamps as milliseconds since the epoch), for the CloudEvents SDK.
+    pub typed_properties: serde_json::Map<String, serde_json::Value>,
     pub body: Vec<u8>,
 }
 
@@ -189,14 +192,36 @@ fn record(received: &Mutex<Received>, message: &Message<Body<Value>>) {
                 .collect()
         })
         .unwrap_or_default();
+    let typed_properties = message
+        .application_properties
+        .as_ref()
+        .map(|props| {
+            props
+                .0
+                .iter()
+                .map(|(name, value)| (name.clone(), typed(value)))
+                .collect()
+        })
+        .unwrap_or_default();
     received.first.entry(id).or_insert(Seen {
         subject: properties.subject.clone(),
         content_type: properties.content_type.as_ref().map(|s| s.0.clone()),
         creation_time_ms: properties.creation_time.map(|t| t.milliseconds()),
         durable: message.header.as_ref().is_some_and(|h| h.durable),
         application_properties,
+        typed_properties,
         body,
     });
+}
+
+fn typed(value: &SimpleValue) -> serde_json::Value {
+    match value {
+        SimpleValue::String(text) => text.clone().into(),
+        SimpleValue::Long(n) => (*n).into(),
+        SimpleValue::Bool(flag) => (*flag).into(),
+        SimpleValue::Timestamp(t) => t.milliseconds().into(),
+        other => format!("{other:?}").into(),
+    }
 }
 
 fn simple_text(value: &SimpleValue) -> String {

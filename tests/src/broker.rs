@@ -31,8 +31,9 @@ pub struct Received {
     pub arrivals: Vec<Uuid>,
     /// When each of `arrivals` came, in the same order: the gaps a fault leaves in delivery.
     pub arrived_at: Vec<std::time::Instant>,
-    /// The `x-outbox-replay` header of each id's last delivery that had one (a replay).
-    pub replays: HashMap<Uuid, String>,
+    /// The headers of each message that had any, as text (strings as themselves, other
+    /// values in their debug form); messages without headers cost nothing here.
+    pub headers: HashMap<Uuid, HashMap<String, String>>,
 }
 
 pub struct Consumer {
@@ -156,8 +157,8 @@ pub async fn consume_at(
                     if let Some(kind) = delivery.properties.kind() {
                         seen.types.insert(id, kind.to_string());
                     }
-                    if let Some(replay) = replay_header(&delivery.properties) {
-                        seen.replays.insert(id, replay);
+                    if let Some(headers) = delivery.properties.headers() {
+                        seen.headers.insert(id, header_texts(headers));
                     }
                 }
                 None => seen.without_id += 1,
@@ -171,16 +172,28 @@ pub async fn consume_at(
     }
 }
 
-/// The `x-outbox-replay` header `outbox-relay replay` marks a message with, as text.
-fn replay_header(properties: &lapin::BasicProperties) -> Option<String> {
-    let headers = properties.headers().as_ref()?;
-    match headers.inner().get("x-outbox-replay")? {
-        lapin::types::AMQPValue::LongString(text) => Some(text.to_string()),
-        other => Some(format!("{other:?}")),
-    }
+fn header_texts(headers: &FieldTable) -> HashMap<String, String> {
+    headers
+        .inner()
+        .iter()
+        .map(|(name, value)| {
+            let text = match value {
+                lapin::types::AMQPValue::LongString(text) => {
+                    String::from_utf8_lossy(text.as_bytes()).into_owned()
+                }
+                other => format!("{other:?}"),
+            };
+            (name.to_string(), text)
+        })
+        .collect()
 }
 
 impl Consumer {
+    /// The headers message `id` arrived with (first arrival), if it had any.
+    pub fn headers(&self, id: &Uuid) -> Option<HashMap<String, String>> {
+        self.received.lock().unwrap().headers.get(id).cloned()
+    }
+
     pub fn total(&self) -> u64 {
         self.received.lock().unwrap().total
     }
@@ -231,7 +244,8 @@ impl Consumer {
 
     /// The replay header of `id`'s last replayed delivery; None when none was a replay.
     pub fn replay_of(&self, id: &Uuid) -> Option<String> {
-        self.received.lock().unwrap().replays.get(id).cloned()
+        let received = self.received.lock().unwrap();
+        received.headers.get(id)?.get("x-outbox-replay").cloned()
     }
 
     pub fn has(&self, id: &Uuid) -> bool {

@@ -5,6 +5,7 @@ pub mod amqp10;
 pub mod api_versions;
 pub mod broker;
 pub mod chaos;
+pub mod cloudevents;
 pub mod cluster;
 pub mod control_plane;
 pub mod db;

@@ -289,6 +289,17 @@ pub struct ColumnsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
     pub partition_key: Option<String>,
+    /// Optional text column with the W3C traceparent the producing service wrote in its
+    /// transaction: sent on as the traceparent header (application property under amqp10),
+    /// so the consumer continues the producer's trace. A malformed one is left off and counted
+    /// (outbox_relay_trace_context_invalid_total); the message still goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub traceparent: Option<String>,
+    /// Optional text column with the W3C tracestate that goes with traceparent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"))]
+    pub tracestate: Option<String>,
 }
 
 impl Default for ColumnsSpec {
@@ -304,6 +315,8 @@ impl Default for ColumnsSpec {
             headers: None,
             attempts: None,
             partition_key: None,
+            traceparent: None,
+            tracestate: None,
         }
     }
 }
@@ -372,6 +385,37 @@ pub struct BrokerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = AMQP_SHORT_STRING_MAX))]
     pub dead_letter_exchange: Option<String>,
+    /// Send every message as a CloudEvent. Absent: plain messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_events: Option<CloudEventsSpec>,
+}
+
+/// CloudEvents binary content mode: the payload stays the row's, byte for byte; the event's
+/// attributes (specversion 1.0, id ← the message id, type ← the type column, source ← `source`,
+/// time ← the occurredAt column, subject ← the partition key when mapped, datacontenttype ←
+/// the content type) go as `ce-` headers under amqp091 (RabbitMQ's CloudEvents binding, read
+/// by Knative and the CloudEvents SDKs) and as `cloudEvents:` application properties under
+/// amqp10 (the CloudEvents AMQP binding). Remove the block to send plain messages.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudEventsSpec {
+    /// binary, the only content mode offered (structured mode would rewrite the payload).
+    #[serde(default)]
+    pub mode: CloudEventsContentMode,
+    /// The source attribute of every event: a URI-reference (RFC 3986) naming the producer,
+    /// e.g. /orders, urn:example:orders or https://example.com/orders.
+    #[schemars(length(min = 1, max = 2048))]
+    pub source: String,
+}
+
+/// How the event travels. One value, so that a later structured mode is a new value and not a
+/// new field; no `off` (YAML 1.1 readers, kubectl's among them, take `off` for false).
+#[derive(JsonSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum CloudEventsContentMode {
+    /// Attributes in headers (application properties), the payload untouched.
+    #[default]
+    Binary,
 }
 
 /// Longest `broker.address` accepted: AMQP 1.0 sets no limit, Service Bus entity paths stop at

@@ -24,6 +24,7 @@ use outbox_relay::table::outbox::DeliveryOrder;
 
 use crate::crd::{BrokerProtocol, BrokerSpec, OutboxRelay, SecretKeyRef};
 use crate::reconcile::validate::RelayPlan;
+use outbox_relay::broker::cloudevents::CloudEventsMode;
 
 use self::files::ConnectionFiles;
 use self::placement::{disruption_budget, spread_constraints};
@@ -305,6 +306,13 @@ fn relay_args(relay: &OutboxRelay, plan: &RelayPlan, files: &ConnectionFiles) ->
             spec.relay.termination_grace_period_seconds,
         ))),
         processed_retention: plan.processed_retention,
+        // Rendered only when set, so Deployments without CloudEvents keep their hash.
+        cloudevents: spec
+            .broker
+            .cloud_events
+            .as_ref()
+            .map(|_| CloudEventsMode::Binary),
+        cloudevents_source: spec.broker.cloud_events.as_ref().map(|c| c.source.clone()),
         ..Default::default()
     };
     run_argv(&options)

@@ -12,8 +12,8 @@ use outbox_relay::table::migrate::MigrationOptions;
 use outbox_relay::table::{Columns, OutboxTable};
 
 use crate::crd::{
-    BrokerProtocol, OutboxRelaySpec, PoolMode, PostgresTlsMode, RelayOrdering, ScalingRules,
-    ScalingSpec,
+    BrokerProtocol, CloudEventsSpec, OutboxRelaySpec, PoolMode, PostgresTlsMode, RelayOrdering,
+    ScalingRules, ScalingSpec,
 };
 
 /// One problem with the spec.
@@ -172,6 +172,9 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
     }
     if let Some(dlx) = &broker.dead_letter_exchange {
         check.short_string("spec.broker.deadLetterExchange", dlx);
+    }
+    if let Some(cloud_events) = &broker.cloud_events {
+        check_cloud_events(&mut check, cloud_events);
     }
     check_protocol(&mut check, spec);
     check_tls(&mut check, spec);
@@ -415,6 +418,14 @@ fn check_protocol(check: &mut Checker, spec: &OutboxRelaySpec) {
     }
 }
 
+/// The source must be one the relay accepts: the same check as its flag, so the pods never
+/// crash-loop on it.
+fn check_cloud_events(check: &mut Checker, spec: &CloudEventsSpec) {
+    if let Err(e) = outbox_relay::broker::cloudevents::check_source(&spec.source) {
+        check.fail("spec.broker.cloudEvents.source", e);
+    }
+}
+
 fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns> {
     let c = &spec.database.columns;
     let p = "spec.database.columns";
@@ -432,6 +443,8 @@ fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns>
     let headers = optional("headers", &c.headers);
     let attempts = optional("attempts", &c.attempts);
     let partition_key = optional("partitionKey", &c.partition_key);
+    let traceparent = optional("traceparent", &c.traceparent);
+    let tracestate = optional("tracestate", &c.tracestate);
     let columns = Columns {
         id: id?,
         kind: kind?,
@@ -443,7 +456,17 @@ fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns>
         headers: headers?,
         attempts: attempts?,
         partition_key: partition_key?,
+        traceparent: traceparent?,
+        tracestate: tracestate?,
     };
+    if columns.tracestate.is_some() && columns.traceparent.is_none() {
+        check.fail(
+            &format!("{p}.tracestate"),
+            "goes with a traceparent (W3C: a tracestate without one is discarded): set \
+             traceparent too, or remove it",
+        );
+        return None;
+    }
     // One column cannot play two parts: the relay would write its error text into the payload.
     let mut seen: Vec<&Ident> = Vec::new();
     for (_, column) in columns.mapped() {
@@ -776,6 +799,26 @@ mod tests {
                 && m.ends_with("; remove it")),
             "{all:#?}"
         );
+    }
+
+    #[test]
+    fn cloudevents_need_a_source_the_relay_accepts() {
+        let mut spec = sample_spec();
+        spec.broker.cloud_events = Some(CloudEventsSpec {
+            mode: Default::default(),
+            source: "not a uri".into(),
+        });
+        let err = validate(&spec).unwrap_err().to_string();
+        assert!(err.contains("spec.broker.cloudEvents.source"), "{err}");
+        assert!(err.contains("URI-reference"), "{err}");
+        spec.broker.cloud_events = Some(CloudEventsSpec {
+            mode: Default::default(),
+            source: "/orders".into(),
+        });
+        assert!(validate(&spec).is_ok());
+        spec.database.columns.tracestate = Some("trace_state".into());
+        let err = validate(&spec).unwrap_err().to_string();
+        assert!(err.contains("spec.database.columns.tracestate"), "{err}");
     }
 
     #[test]

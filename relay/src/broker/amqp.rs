@@ -17,8 +17,10 @@ use lapin::{
     DefaultConnectionBuilder, ExchangeKind, PublisherConfirm,
 };
 
+use super::cloudevents::{self, AMQP091_PREFIX, CloudEvents, SPEC_VERSION, attributes};
 use super::routing::ExchangeType;
 use super::tls::{BrokerTls, classify, with_password_file};
+use super::trace_context::{TRACEPARENT, TRACESTATE, TraceContext};
 use super::{
     BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Rejection,
     Target, Unconfirmed,
@@ -47,6 +49,8 @@ pub struct AmqpSettings {
     pub tls: BrokerTls,
     /// Read at each connect; its password replaces the URL's.
     pub password_file: Option<PathBuf>,
+    /// CloudEvents binary content mode; None when off.
+    pub cloudevents: Option<CloudEvents>,
 }
 
 /// Opens [`AmqpPublisher`]s: the URL and the settings every worker of a process shares.
@@ -112,25 +116,47 @@ impl AmqpPublisher {
     }
 
     fn properties(&self, message: &Message<'_>) -> BasicProperties {
-        let mut properties = BasicProperties::default()
-            .with_message_id(message.id.to_string().into())
-            .with_type(message.kind.into())
-            .with_content_type(self.content_type.clone())
-            .with_delivery_mode(2);
-        if let Some(ts) = message.timestamp {
-            properties = properties.with_timestamp(ts);
-        }
-        let mut headers = message.headers.map(field_table);
-        if let Some(error) = message.error {
-            headers
-                .get_or_insert_default()
-                .insert("x-outbox-error".into(), AMQPValue::LongString(error.into()));
-        }
-        if let Some(headers) = headers {
-            properties = properties.with_headers(headers);
-        }
-        properties
+        properties(
+            &self.content_type,
+            self.settings.cloudevents.as_ref(),
+            message,
+        )
     }
+}
+
+/// The AMQP properties of a message: message_id, type, content_type, persistent, timestamp,
+/// and the headers (the headers column's, the trace context, the CloudEvents attributes, the
+/// dead letter's error).
+fn properties(
+    content_type: &ShortString,
+    cloudevents: Option<&CloudEvents>,
+    message: &Message<'_>,
+) -> BasicProperties {
+    let id = message.id.to_string();
+    let mut headers = message.headers.map(header_table);
+    if let Some(context) = &message.trace.context {
+        trace_headers(headers.get_or_insert_default(), context, "");
+    }
+    if let Some(settings) = cloudevents {
+        cloud_event_headers(headers.get_or_insert_default(), settings, message, &id);
+    }
+    let mut properties = BasicProperties::default()
+        .with_message_id(id.into())
+        .with_type(message.kind.into())
+        .with_content_type(content_type.clone())
+        .with_delivery_mode(2);
+    if let Some(ts) = message.timestamp {
+        properties = properties.with_timestamp(ts);
+    }
+    if let Some(error) = message.error {
+        headers
+            .get_or_insert_default()
+            .insert("x-outbox-error".into(), AMQPValue::LongString(error.into()));
+    }
+    if let Some(headers) = headers {
+        properties = properties.with_headers(headers);
+    }
+    properties
 }
 
 /// The publishing channel: its exchanges checked (or declared), confirms on when asked for.
@@ -357,6 +383,65 @@ async fn ensure_exchange(
         .await
 }
 
+/// The row's headers column as the message's headers. `traceparent` and `tracestate` are
+/// left out: the message's checked trace context ([`Message::trace`]) says what goes there.
+fn header_table(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
+    let mut table = FieldTable::default();
+    for (key, value) in map {
+        if key != TRACEPARENT && key != TRACESTATE {
+            table.insert(key.as_str().into(), amqp_value(value));
+        }
+    }
+    table
+}
+
+fn text(value: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(value))
+}
+
+/// The W3C headers of a checked trace context, their names after `prefix`.
+fn trace_headers(headers: &mut FieldTable, context: &TraceContext<'_>, prefix: &str) {
+    headers.insert(
+        format!("{prefix}{TRACEPARENT}").into(),
+        text(context.traceparent),
+    );
+    if let Some(state) = context.tracestate {
+        headers.insert(format!("{prefix}{TRACESTATE}").into(), text(state));
+    }
+}
+
+/// The CloudEvents attributes as the RabbitMQ protocol binding spells them (see
+/// [`super::cloudevents`]): `ce-` headers, string values; `datacontenttype` is the
+/// content-type property. They replace headers of the same names from the row. The trace
+/// context goes as the distributed-tracing extension too (`ce-traceparent`), beside the bare
+/// W3C header that OpenTelemetry's messaging instrumentations read.
+fn cloud_event_headers(
+    headers: &mut FieldTable,
+    settings: &CloudEvents,
+    message: &Message<'_>,
+    id: &str,
+) {
+    let mut put = |name: &str, value: &str| {
+        headers.insert(format!("{AMQP091_PREFIX}{name}").into(), text(value));
+    };
+    put(attributes::SPECVERSION, SPEC_VERSION);
+    put(attributes::ID, id);
+    put(attributes::TYPE, message.kind);
+    put(attributes::SOURCE, &settings.source);
+    if let Some(time) = message.occurred_at {
+        put(attributes::TIME, &cloudevents::rfc3339(time));
+    }
+    if let Some(subject) = message
+        .partition_key
+        .and_then(|key| std::str::from_utf8(key).ok())
+    {
+        put(attributes::SUBJECT, subject);
+    }
+    if let Some(context) = &message.trace.context {
+        trace_headers(headers, context, AMQP091_PREFIX);
+    }
+}
+
 /// A JSON object as an AMQP field table, nested objects and arrays included. The names were
 /// checked when the row became a message ([`super::headers::check`]), so nothing can fail here.
 fn field_table(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
@@ -387,6 +472,88 @@ fn amqp_value(value: &serde_json::Value) -> AMQPValue {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn header<'a>(properties: &'a BasicProperties, name: &str) -> Option<&'a AMQPValue> {
+        properties
+            .headers()
+            .as_ref()?
+            .inner()
+            .get(&ShortString::from(name))
+    }
+
+    fn text(value: Option<&AMQPValue>) -> Option<String> {
+        match value? {
+            AMQPValue::LongString(text) => Some(String::from_utf8_lossy(text.as_bytes()).into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn trace_context_and_cloudevents_become_headers() {
+        use chrono::TimeZone;
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let row_headers = json!({"tenant": "eu", "traceparent": "stale", "tracestate": "x=1"});
+        let map = super::super::headers::check(Some(&row_headers)).unwrap();
+        let message = Message {
+            id: uuid::Uuid::nil(),
+            kind: "OrderCreated",
+            routing_key: "orders",
+            payload: b"{}",
+            timestamp: None,
+            headers: map,
+            error: None,
+            trace: super::super::trace_context::MessageTrace::of(Some(traceparent), Some("rojo=1")),
+            occurred_at: Some(chrono::Utc.with_ymd_and_hms(2026, 12, 5, 6, 0, 0).unwrap()),
+            partition_key: Some(b"order-7"),
+        };
+        let json = ShortString::from("application/json");
+        let plain = properties(&json, None, &message);
+        // The checked context replaces what the headers column said under those names.
+        assert_eq!(
+            text(header(&plain, "traceparent")).as_deref(),
+            Some(traceparent)
+        );
+        assert_eq!(
+            text(header(&plain, "tracestate")).as_deref(),
+            Some("rojo=1")
+        );
+        assert_eq!(text(header(&plain, "tenant")).as_deref(), Some("eu"));
+        assert!(header(&plain, "ce-id").is_none());
+
+        let settings = CloudEvents {
+            source: "/orders".into(),
+        };
+        let event = properties(&json, Some(&settings), &message);
+        for (name, value) in [
+            ("ce-specversion", "1.0"),
+            ("ce-id", "00000000-0000-0000-0000-000000000000"),
+            ("ce-type", "OrderCreated"),
+            ("ce-source", "/orders"),
+            ("ce-time", "2026-12-05T06:00:00Z"),
+            ("ce-subject", "order-7"),
+            ("ce-traceparent", traceparent),
+            ("ce-tracestate", "rojo=1"),
+        ] {
+            assert_eq!(text(header(&event, name)).as_deref(), Some(value), "{name}");
+        }
+        assert_eq!(
+            event.content_type().as_ref().map(|c| c.as_str()),
+            Some("application/json")
+        );
+
+        // A malformed context: no trace header at all, the rest as before.
+        let bad = Message {
+            trace: super::super::trace_context::MessageTrace::of(Some("00-nope"), None),
+            ..message
+        };
+        let sent = properties(&json, None, &bad);
+        assert!(header(&sent, "traceparent").is_none());
+        assert!(header(&sent, "tracestate").is_none());
+        assert_eq!(
+            bad.trace.dropped.map(|d| d.field.label()),
+            Some("traceparent")
+        );
+    }
 
     #[test]
     fn json_objects_become_field_tables() {

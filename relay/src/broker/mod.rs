@@ -6,10 +6,12 @@
 
 pub mod amqp;
 pub mod amqp10;
+pub mod cloudevents;
 pub mod headers;
 pub mod nodes;
 pub mod routing;
 pub mod tls;
+pub mod trace_context;
 pub mod urls;
 
 use std::error::Error;
@@ -64,6 +66,14 @@ pub struct Message<'a> {
     pub headers: Option<&'a serde_json::Map<String, serde_json::Value>>,
     /// Why a dead letter was given up on, sent along as the `x-outbox-error` header.
     pub error: Option<&'a str>,
+    /// The row's W3C trace context: sent as the `traceparent` and `tracestate` headers (which
+    /// replace any of those names in `headers`).
+    pub trace: trace_context::MessageTrace<'a>,
+    /// The row's claim position, the CloudEvents `time` attribute.
+    pub occurred_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The row's partition key as the claim read it (text; None when unmapped or NULL), the
+    /// CloudEvents `subject` attribute.
+    pub partition_key: Option<&'a [u8]>,
 }
 
 /// Which exchange a batch goes to.

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::parse::{LogFormat, one_of, positive_duration};
 use crate::broker::BrokerProtocol;
+use crate::broker::cloudevents::CloudEventsMode;
 use crate::broker::routing::ExchangeType;
 use crate::database::PoolMode;
 use crate::table::outbox::{ColumnRole, DeliveryMode, DeliveryOrder};
@@ -130,6 +131,21 @@ pub struct ColumnArgs {
         env = "OUTBOX_RELAY_PARTITION_KEY_COLUMN"
     )]
     pub partition_key: Option<String>,
+    /// Optional text column holding the W3C traceparent the producing service wrote in its
+    /// transaction; sent on as the traceparent header. A malformed one is left out and counted.
+    #[arg(
+        id = "traceparent_column",
+        long = "traceparent-column",
+        env = "OUTBOX_RELAY_TRACEPARENT_COLUMN"
+    )]
+    pub traceparent: Option<String>,
+    /// Optional text column holding the W3C tracestate that goes with --traceparent-column.
+    #[arg(
+        id = "tracestate_column",
+        long = "tracestate-column",
+        env = "OUTBOX_RELAY_TRACESTATE_COLUMN"
+    )]
+    pub tracestate: Option<String>,
 }
 
 impl ColumnArgs {
@@ -146,6 +162,8 @@ impl ColumnArgs {
             ColumnRole::Headers => self.headers.as_ref(),
             ColumnRole::Attempts => self.attempts.as_ref(),
             ColumnRole::PartitionKey => self.partition_key.as_ref(),
+            ColumnRole::Traceparent => self.traceparent.as_ref(),
+            ColumnRole::Tracestate => self.tracestate.as_ref(),
         }
     }
 }
@@ -273,6 +291,21 @@ pub struct RunArgs {
     /// AMQP content_type. Default: from the payload column type (application/json for json).
     #[arg(long, env = "OUTBOX_RELAY_CONTENT_TYPE")]
     pub content_type: Option<String>,
+    /// off, or binary: each message is a CloudEvent in binary content mode (the payload
+    /// untouched; id, type, source, time and subject as ce- headers under amqp091, as
+    /// cloudEvents: application properties under amqp10). Needs --cloudevents-source.
+    /// Default: off.
+    #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS", value_parser = one_of::<CloudEventsMode>)]
+    pub cloudevents: Option<CloudEventsMode>,
+    /// The CloudEvents source attribute of every message: a URI-reference naming the producer,
+    /// e.g. /orders, urn:example:orders or https://example.com/orders. Required with
+    /// --cloudevents binary.
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_CLOUDEVENTS_SOURCE",
+        value_name = "URI-REFERENCE"
+    )]
+    pub cloudevents_source: Option<String>,
     /// Delete processed rows older than this, e.g. 168h (mark mode). Default: keep them.
     #[arg(long, env = "OUTBOX_RELAY_PROCESSED_RETENTION", value_parser = positive_duration)]
     pub processed_retention: Option<Duration>,

@@ -41,6 +41,8 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
         shutdown_grace,
         report_interval,
         content_type,
+        cloudevents,
+        cloudevents_source,
         processed_retention,
         pod_name: _,
     } = args;
@@ -76,6 +78,8 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
     argv.duration("shutdown-grace", shutdown_grace);
     argv.duration("report-interval", report_interval);
     argv.text("content-type", content_type);
+    argv.named("cloudevents", cloudevents);
+    argv.text("cloudevents-source", cloudevents_source);
     argv.duration("processed-retention", processed_retention);
     argv.0
 }
@@ -94,6 +98,8 @@ pub fn column_args(columns: &Columns) -> ColumnArgs {
         headers: name(ColumnRole::Headers),
         attempts: name(ColumnRole::Attempts),
         partition_key: name(ColumnRole::PartitionKey),
+        traceparent: name(ColumnRole::Traceparent),
+        tracestate: name(ColumnRole::Tracestate),
     }
 }
 
@@ -219,6 +225,8 @@ mod tests {
                     headers: Some("hdrs".into()),
                     attempts: Some("tries".into()),
                     partition_key: Some("order_id".into()),
+                    traceparent: Some("trace_parent".into()),
+                    tracestate: Some("trace_state".into()),
                 },
                 mode: Some(DeliveryMode::Delete),
                 ordering: Some(crate::table::outbox::DeliveryOrder::PerKey),
@@ -252,6 +260,8 @@ mod tests {
             shutdown_grace: Some(Duration::from_secs(40)),
             report_interval: Some(Duration::from_millis(2500)),
             content_type: Some("application/cloudevents+json".into()),
+            cloudevents: Some(crate::broker::cloudevents::CloudEventsMode::Binary),
+            cloudevents_source: Some("urn:example:sales".into()),
             processed_retention: Some(Duration::from_secs(168 * 3600)),
             pod_name: None,
         }

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::args::ColumnArgs;
 use super::parse::{ConfigError, LogFormat};
 use crate::broker::BrokerProtocol;
+use crate::broker::cloudevents::CloudEventsMode;
 use crate::broker::routing::ExchangeType;
 use crate::database::PoolMode;
 use crate::table::outbox::{DeliveryMode, DeliveryOrder};
@@ -54,6 +55,8 @@ pub struct FileConfig {
     pub shutdown_grace: Option<String>,
     pub report_interval: Option<String>,
     pub content_type: Option<String>,
+    pub cloudevents: Option<CloudEventsMode>,
+    pub cloudevents_source: Option<String>,
     pub processed_retention: Option<String>,
     pub pod_name: Option<String>,
 }

@@ -16,6 +16,7 @@ pub use file::FileConfig;
 pub use parse::{ConfigError, LogFormat, one_of, positive_duration};
 
 use crate::broker::BrokerProtocol;
+use crate::broker::cloudevents::{self, CloudEvents, CloudEventsMode};
 use crate::broker::routing::{ExchangeType, RoutingKey};
 use crate::broker::tls::BrokerTls;
 use crate::broker::urls::BrokerUrls;
@@ -110,6 +111,8 @@ pub struct RelayConfig {
     pub shutdown_grace: Duration,
     pub report_interval: Duration,
     pub content_type: Option<String>,
+    /// CloudEvents binary content mode with its source; None when off.
+    pub cloudevents: Option<CloudEvents>,
     pub processed_retention: Option<Duration>,
     pub pod_name: String,
 }
@@ -301,6 +304,33 @@ fn amqp10_only(
     Ok(())
 }
 
+/// The CloudEvents settings: binary mode needs a source that is a URI-reference (CloudEvents
+/// requires the attribute); a source without the mode would be silently unused, so it is
+/// refused.
+fn cloudevents_settings(
+    mode: CloudEventsMode,
+    source: Option<String>,
+) -> Result<Option<CloudEvents>, ConfigError> {
+    match (mode, source) {
+        (CloudEventsMode::Off, None) => Ok(None),
+        (CloudEventsMode::Off, Some(_)) => Err(ConfigError::new(
+            "cloudevents-source",
+            "only has a meaning with --cloudevents binary; add it, or remove the source",
+        )),
+        (CloudEventsMode::Binary, None) => Err(ConfigError::new(
+            "cloudevents-source",
+            "is missing: --cloudevents binary needs the source attribute of every event, a \
+             URI-reference naming the producer (e.g. /orders or urn:example:orders); pass \
+             --cloudevents-source or set OUTBOX_RELAY_CLOUDEVENTS_SOURCE",
+        )),
+        (CloudEventsMode::Binary, Some(source)) => {
+            cloudevents::check_source(&source)
+                .map_err(|e| ConfigError::new("cloudevents-source", e))?;
+            Ok(Some(CloudEvents { source }))
+        }
+    }
+}
+
 // Resolution is free functions, not methods of the argument structs: a method counts as part of
 // its type's module, and args would then import the file, which imports args' column mapping.
 
@@ -369,6 +399,14 @@ fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig
             ));
         }
         _ => {}
+    }
+
+    if columns.tracestate.is_some() && columns.traceparent.is_none() {
+        return Err(ConfigError::new(
+            "tracestate-column",
+            "goes with a traceparent (W3C: a tracestate without one is discarded): map \
+             --traceparent-column too, or remove it",
+        ));
     }
 
     let password_file = layer(&args.database_password_file, &file.database_password_file);
@@ -459,6 +497,10 @@ fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, Co
     if let Some(ct) = &content_type {
         short_string("content-type", ct)?;
     }
+    let cloudevents = cloudevents_settings(
+        layer(&args.cloudevents, &file.cloudevents).unwrap_or_default(),
+        layer(&args.cloudevents_source, &file.cloudevents_source),
+    )?;
 
     let batch_size = ranged(
         "batch-size",
@@ -550,6 +592,7 @@ fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, Co
         )?
         .unwrap_or(defaults::REPORT_INTERVAL),
         content_type,
+        cloudevents,
         processed_retention: duration(
             "processed-retention",
             args.processed_retention,
@@ -729,6 +772,42 @@ mod tests {
             assert_eq!(err.field, field, "{err}");
             assert!(!err.to_string().contains("secret-pw"), "{err}");
         }
+    }
+
+    #[test]
+    fn cloudevents_binary_needs_a_uri_reference_source() {
+        let mut args = run_args();
+        assert_eq!(resolve_run(&args).unwrap().cloudevents, None);
+        args.cloudevents = Some(CloudEventsMode::Binary);
+        let err = resolve_run(&args).unwrap_err();
+        assert_eq!(err.field, "cloudevents-source", "{err}");
+        assert!(err.to_string().contains("is missing"), "{err}");
+        args.cloudevents_source = Some("not a uri".into());
+        assert_eq!(resolve_run(&args).unwrap_err().field, "cloudevents-source");
+        args.cloudevents_source = Some("/orders".into());
+        assert_eq!(
+            resolve_run(&args).unwrap().cloudevents,
+            Some(CloudEvents {
+                source: "/orders".into()
+            })
+        );
+        args.cloudevents = None;
+        assert_eq!(resolve_run(&args).unwrap_err().field, "cloudevents-source");
+        let file =
+            FileConfig::parse("cloudevents: binary\ncloudevents_source: urn:example:orders\n")
+                .unwrap();
+        let config = resolve_run_with(&run_args(), &file).unwrap();
+        assert_eq!(config.cloudevents.unwrap().source, "urn:example:orders");
+    }
+
+    #[test]
+    fn a_tracestate_column_needs_a_traceparent_column() {
+        let mut args = run_args();
+        args.table.columns.tracestate = Some("tracestate".into());
+        assert_eq!(resolve_run(&args).unwrap_err().field, "tracestate-column");
+        args.table.columns.traceparent = Some("traceparent".into());
+        let columns = resolve_run(&args).unwrap().db.table.columns;
+        assert_eq!(columns.traceparent.unwrap().as_str(), "traceparent");
     }
 
     #[test]

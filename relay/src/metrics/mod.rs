@@ -80,6 +80,8 @@ pub struct Metrics {
     pub published: IntCounter,
     pub dead_lettered: IntCounter,
     pub failures: IntCounterVec,
+    /// Malformed W3C trace context (by header) left off messages that were still sent.
+    pub trace_context_invalid: IntCounterVec,
     pub batch_size: Histogram,
     stage_seconds: HistogramVec,
     pub backlog: IntGauge,
@@ -141,6 +143,17 @@ impl Metrics {
                         "Messages not confirmed, by reason",
                     ),
                     &["reason"],
+                ),
+            ),
+            trace_context_invalid: registered(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "outbox_relay_trace_context_invalid_total",
+                        "Malformed W3C trace context headers (traceparent, tracestate) of rows, \
+                         left off their messages, which were sent without them",
+                    ),
+                    &["header"],
                 ),
             ),
             batch_size: registered(
@@ -296,6 +309,7 @@ impl Metrics {
     pub fn reference_families() -> Vec<prometheus::proto::MetricFamily> {
         let metrics = Self::new();
         metrics.failures.with_label_values(&[""]);
+        metrics.trace_context_invalid.with_label_values(&[""]);
         metrics.stage_seconds.with_label_values(&[""]);
         metrics
             .table

@@ -281,6 +281,7 @@ pub async fn run_batch_up_to<P: Publisher>(
         .iter()
         .map(|row| to_message(row, &settings.routing_key))
         .collect();
+    super::trace_report::count_dropped(prepared.iter().flatten(), metrics);
     let (delivered, mut broken) = match lanes {
         None => {
             let messages: Vec<Message<'_>> = prepared

@@ -102,6 +102,9 @@ struct Positions {
     headers: usize,
     attempts: usize,
     partition_key: usize,
+    /// Only when the trace-context columns are mapped: a claim without them costs nothing more.
+    traceparent: Option<usize>,
+    tracestate: Option<usize>,
     /// Per-key claims only.
     lane: Option<usize>,
     /// Settling claims only.
@@ -120,6 +123,8 @@ impl Positions {
             headers: at(columns::HEADERS)?,
             attempts: at(columns::ATTEMPTS)?,
             partition_key: at(columns::PARTITION_KEY)?,
+            traceparent: at(columns::TRACEPARENT).ok(),
+            tracestate: at(columns::TRACESTATE).ok(),
             lane: at(columns::LANE).ok(),
             prior_error: at(columns::PRIOR_ERROR).ok(),
         })
@@ -138,6 +143,8 @@ impl Positions {
             headers: row.try_get(self.headers)?,
             attempts: row.try_get(self.attempts)?,
             partition_key: raw_bytes(row, self.partition_key)?,
+            traceparent: lossy_text(row, self.traceparent)?,
+            tracestate: lossy_text(row, self.tracestate)?,
             lane: match self.lane {
                 Some(index) => row.try_get(index)?,
                 None => None,
@@ -163,6 +170,21 @@ fn raw_bytes(row: &PgRow, index: usize) -> Result<Option<Vec<u8>>, sqlx::Error> 
     Ok(Some(
         value.as_bytes().map_err(sqlx::Error::Decode)?.to_vec(),
     ))
+}
+
+/// An optional text column whose bad bytes must not make the row malformed (a trace context
+/// never holds a message back): they become U+FFFD, which the trace-context check refuses and
+/// counts.
+fn lossy_text(row: &PgRow, index: Option<usize>) -> Result<Option<String>, sqlx::Error> {
+    let Some(index) = index else {
+        return Ok(None);
+    };
+    Ok(
+        raw_bytes(row, index)?.map(|bytes| match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }),
+    )
 }
 
 /// A text column that must be UTF-8 for AMQP; bad bytes make the row malformed (the first

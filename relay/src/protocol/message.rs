@@ -5,6 +5,7 @@ use super::row::{ClaimedRow, Column, Malformed};
 use crate::broker::Message;
 use crate::broker::headers;
 use crate::broker::routing::RoutingKey;
+use crate::broker::trace_context::{MessageTrace, TRACEPARENT, TRACESTATE};
 use crate::defaults::AMQP_SHORT_STRING_MAX;
 
 /// The value of `column` when it fits an AMQP short string.
@@ -38,15 +39,40 @@ pub fn to_message<'a>(
         RoutingKey::Static(key) => key.as_str(),
     };
     let routing_key = short_string(Column::RoutingKey, routing_key)?;
+    let headers = headers::check(row.headers.as_ref())?;
     Ok(Message {
         id: row.id,
         kind,
         routing_key,
         payload,
         timestamp: timestamp(row),
-        headers: headers::check(row.headers.as_ref())?,
+        headers,
         error: None,
+        trace: trace(row, headers),
+        occurred_at: row.occurred_at,
+        partition_key: row.partition_key.as_deref(),
     })
+}
+
+/// The row's trace context: from the trace-context columns when the row has a traceparent
+/// there, else from `traceparent` and `tracestate` keys of its headers (a service that already
+/// writes its propagator's headers into the headers column needs no new column). A value that
+/// is not text counts as malformed.
+fn trace<'a>(
+    row: &'a ClaimedRow,
+    headers: Option<&'a serde_json::Map<String, serde_json::Value>>,
+) -> MessageTrace<'a> {
+    if let Some(traceparent) = row.traceparent.as_deref() {
+        return MessageTrace::of(Some(traceparent), row.tracestate.as_deref());
+    }
+    let Some(headers) = headers else {
+        return MessageTrace::default();
+    };
+    let text = |name: &str| headers.get(name).map(|value| value.as_str().unwrap_or(""));
+    match text(TRACEPARENT) {
+        None => MessageTrace::default(),
+        Some(traceparent) => MessageTrace::of(Some(traceparent), text(TRACESTATE)),
+    }
 }
 
 /// The AMQP timestamp of a row: its claim position in whole seconds, when it has one after 1970.
@@ -75,6 +101,9 @@ pub fn dead_letter<'a>(
         timestamp: timestamp(row),
         headers: None,
         error: Some(error),
+        trace: MessageTrace::default(),
+        occurred_at: row.occurred_at,
+        partition_key: row.partition_key.as_deref(),
     }
 }
 
@@ -109,6 +138,50 @@ mod tests {
                 .routing_key,
             "OrderCreated"
         );
+    }
+
+    #[test]
+    fn trace_context_comes_from_the_columns_else_the_headers() {
+        let valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let other = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let in_headers = serde_json::json!({"traceparent": other, "tracestate": "a=1"});
+        let both = ClaimedRow {
+            traceparent: Some(valid.into()),
+            headers: Some(in_headers.clone()),
+            ..row()
+        };
+        let message = to_message(&both, &RoutingKey::Type).unwrap();
+        let context = message.trace.context.unwrap();
+        assert_eq!(context.traceparent, valid);
+        assert_eq!(
+            context.tracestate, None,
+            "the columns win, tracestate included"
+        );
+
+        let headers_only = ClaimedRow {
+            headers: Some(in_headers),
+            ..row()
+        };
+        let message = to_message(&headers_only, &RoutingKey::Type).unwrap();
+        assert_eq!(message.trace.context.unwrap().traceparent, other);
+        assert_eq!(message.trace.context.unwrap().tracestate, Some("a=1"));
+
+        // Not text, or malformed: the row still becomes a message, with the drop noted.
+        for bad in [
+            serde_json::json!({"traceparent": 7}),
+            serde_json::json!({"traceparent": "x"}),
+        ] {
+            let r = ClaimedRow {
+                headers: Some(bad),
+                ..row()
+            };
+            let message = to_message(&r, &RoutingKey::Type).expect("still a message");
+            assert!(message.trace.context.is_none());
+            assert!(message.trace.dropped.is_some());
+        }
+        let plain = row();
+        let message = to_message(&plain, &RoutingKey::Type).unwrap();
+        assert_eq!(message.trace, Default::default());
     }
 
     #[test]

@@ -8,3 +8,4 @@ pub mod cursor;
 pub mod message;
 pub mod row;
 pub mod settle;
+pub mod trace_report;

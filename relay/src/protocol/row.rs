@@ -18,6 +18,10 @@ pub struct ClaimedRow {
     pub attempts: i32,
     /// The partition key's bytes (per-key ordering groups by them); None when unmapped or NULL.
     pub partition_key: Option<Vec<u8>>,
+    /// The W3C `traceparent` and `tracestate` of the trace-context columns; None when
+    /// unmapped, NULL or not UTF-8 (then the headers column may still carry them).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
     /// The row's lane under per-key ordering (`runtime::lanes`); None for unordered claims.
     pub lane: Option<i32>,
     /// The error the row had when a settling claim took it (what it keeps if it is put back
@@ -71,6 +75,8 @@ impl ClaimedRow {
             headers: None,
             attempts: 0,
             partition_key: None,
+            traceparent: None,
+            tracestate: None,
             lane: None,
             prior_error: None,
             malformed: None,

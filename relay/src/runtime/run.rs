@@ -267,6 +267,7 @@ pub async fn run(
                 connection_name,
                 tls: config.broker_tls.clone(),
                 password_file: config.broker_password_file.clone(),
+                cloudevents: config.cloudevents.clone(),
             };
             let connector = NodeList::new(
                 &config.broker_urls,
@@ -286,6 +287,7 @@ pub async fn run(
                 container_id: connection_name,
                 tls: config.broker_tls.clone(),
                 password_file: config.broker_password_file.clone(),
+                cloudevents: config.cloudevents.clone(),
             };
             let connector = NodeList::new(
                 &config.broker_urls,

@@ -87,9 +87,11 @@ const TIME_TYPES: &[&str] = &["timestamptz", "timestamp"];
 fn expected_types(role: ColumnRole) -> (&'static [&'static str], &'static str) {
     match role {
         ColumnRole::Id => (&["uuid"], "uuid"),
-        ColumnRole::Type | ColumnRole::Error | ColumnRole::RoutingKey => {
-            (STRING_TYPES, "text or varchar")
-        }
+        ColumnRole::Type
+        | ColumnRole::Error
+        | ColumnRole::RoutingKey
+        | ColumnRole::Traceparent
+        | ColumnRole::Tracestate => (STRING_TYPES, "text or varchar"),
         ColumnRole::Payload => (
             &["jsonb", "json", "text", "varchar", "bytea"],
             "jsonb, json, text or bytea",

@@ -87,6 +87,10 @@ pub struct Columns {
     pub attempts: Option<Ident>,
     /// The partition key (e.g. the aggregate id) that per-key ordering orders by.
     pub partition_key: Option<Ident>,
+    /// The W3C `traceparent` the producing service wrote (text), sent on as a message header.
+    pub traceparent: Option<Ident>,
+    /// The W3C `tracestate` that goes with it (text).
+    pub tracestate: Option<Ident>,
 }
 
 /// A column of the outbox table that a user can map, with the option that names it.
@@ -102,10 +106,12 @@ pub enum ColumnRole {
     Headers,
     Attempts,
     PartitionKey,
+    Traceparent,
+    Tracestate,
 }
 
 impl ColumnRole {
-    pub const ALL: [ColumnRole; 10] = [
+    pub const ALL: [ColumnRole; 12] = [
         ColumnRole::Id,
         ColumnRole::Type,
         ColumnRole::Payload,
@@ -116,6 +122,8 @@ impl ColumnRole {
         ColumnRole::Headers,
         ColumnRole::Attempts,
         ColumnRole::PartitionKey,
+        ColumnRole::Traceparent,
+        ColumnRole::Tracestate,
     ];
 
     /// The flag (without dashes) that maps the column; messages name it.
@@ -131,6 +139,8 @@ impl ColumnRole {
             ColumnRole::Headers => "headers-column",
             ColumnRole::Attempts => "attempts-column",
             ColumnRole::PartitionKey => "partition-key-column",
+            ColumnRole::Traceparent => "traceparent-column",
+            ColumnRole::Tracestate => "tracestate-column",
         }
     }
 
@@ -147,7 +157,9 @@ impl ColumnRole {
             ColumnRole::RoutingKey
             | ColumnRole::Headers
             | ColumnRole::Attempts
-            | ColumnRole::PartitionKey => None,
+            | ColumnRole::PartitionKey
+            | ColumnRole::Traceparent
+            | ColumnRole::Tracestate => None,
         }
     }
 }
@@ -192,6 +204,8 @@ impl Columns {
             headers: name(ColumnRole::Headers)?,
             attempts: name(ColumnRole::Attempts)?,
             partition_key: name(ColumnRole::PartitionKey)?,
+            traceparent: name(ColumnRole::Traceparent)?,
+            tracestate: name(ColumnRole::Tracestate)?,
         })
     }
 
@@ -208,6 +222,8 @@ impl Columns {
             ColumnRole::Headers => self.headers.as_ref(),
             ColumnRole::Attempts => self.attempts.as_ref(),
             ColumnRole::PartitionKey => self.partition_key.as_ref(),
+            ColumnRole::Traceparent => self.traceparent.as_ref(),
+            ColumnRole::Tracestate => self.tracestate.as_ref(),
         }
     }
 

@@ -18,6 +18,9 @@ pub mod columns {
     pub const HEADERS: &str = "headers";
     pub const ATTEMPTS: &str = "attempts";
     pub const PARTITION_KEY: &str = "partition_key";
+    /// Only when the trace-context columns are mapped: the W3C traceparent and tracestate.
+    pub const TRACEPARENT: &str = "traceparent";
+    pub const TRACESTATE: &str = "tracestate";
     /// Only in per-key claims: the row's lane, so a worker knows which keys go with a lane.
     pub const LANE: &str = "lane";
     /// Only in settling claims: the row's error as the claim found it, so a row put back keeps
@@ -186,11 +189,19 @@ impl Statements {
             } else {
                 String::new()
             };
+            // The trace context only when mapped: a table without it claims what it always did.
+            let mut trace_columns = String::new();
+            for (column, name) in [(&c.traceparent, TRACEPARENT), (&c.tracestate, TRACESTATE)] {
+                if let Some(col) = column {
+                    let expr = text(format!("t.{}", col.quoted()));
+                    trace_columns.push_str(&format!(", {expr} AS {name}"));
+                }
+            }
             let select_list = format!(
                 "t.{id} AS {ID}, {kind_expr} AS {KIND}, {payload_expr} AS {PAYLOAD}, \
                  t.{occurred}::timestamptz AS {OCCURRED_AT}, {routing_expr} AS {ROUTING_KEY}, \
                  {headers_expr} AS {HEADERS}, {attempts_expr} AS {ATTEMPTS}, \
-                 {key_expr} AS {PARTITION_KEY}{lane_column}"
+                 {key_expr} AS {PARTITION_KEY}{trace_columns}{lane_column}"
             );
             let claim_clause = |bound: &str, lanes_placeholder: usize| {
                 let (lanes, order, lock) = if per_key {

@@ -38,7 +38,10 @@ pub fn create_table_sql(table: &OutboxTable) -> Vec<String> {
     if let Some(col) = &c.attempts {
         extra.push_str(&format!(", {} integer NOT NULL DEFAULT 0", col.quoted()));
     }
-    if let Some(col) = &c.partition_key {
+    for col in [&c.partition_key, &c.traceparent, &c.tracestate]
+        .into_iter()
+        .flatten()
+    {
         extra.push_str(&format!(", {} text NULL", col.quoted()));
     }
     statements.push(format!(

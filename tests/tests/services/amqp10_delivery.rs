@@ -679,6 +679,7 @@ async fn closing_against_a_broker_that_stopped_answering_returns() {
         container_id: name.clone(),
         tls: Default::default(),
         password_file: None,
+        cloudevents: None,
     };
     let url = SecretUrl::parse(&url, UrlKind::Amqp).unwrap();
     let publisher = Amqp10Publisher::connect(&url, settings).await.unwrap();

@@ -216,6 +216,7 @@ fn settings(exchange: &str, dead_letter_exchange: Option<String>) -> AmqpSetting
         declare_exchange: None,
         tls: Default::default(),
         password_file: None,
+        cloudevents: None,
     }
 }
 

@@ -37,3 +37,4 @@ mod secure_postgres;
 mod settling_claim;
 mod suspend;
 mod table_health;
+mod trace_context;

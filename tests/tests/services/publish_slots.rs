@@ -59,6 +59,7 @@ async fn connect_publisher(exchange: String) -> AmqpPublisher {
             declare_exchange: Some(ExchangeType::Fanout),
             tls: Default::default(),
             password_file: None,
+            cloudevents: None,
         },
     )
     .await

@@ -51,6 +51,7 @@ async fn rabbit(
         declare_exchange: Some(outbox_relay::broker::routing::ExchangeType::Fanout),
         tls,
         password_file,
+        cloudevents: None,
     };
     let url = SecretUrl::parse(url, UrlKind::Amqp).unwrap();
     AmqpPublisher::connect(&url, settings).await
@@ -183,6 +184,7 @@ async fn amqp10_over_tls_takes_the_ca_file_too() {
             ..Default::default()
         },
         password_file: None,
+        cloudevents: None,
     };
     let url = SecretUrl::parse(ARTEMIS_TLS_URL, UrlKind::Amqp).unwrap();
     let publisher = Amqp10Publisher::connect(&url, settings(artemis_ca()))

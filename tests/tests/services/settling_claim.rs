@@ -64,6 +64,7 @@ async fn publisher(exchange: &str, mandatory: bool) -> AmqpPublisher {
             declare_exchange: None,
             tls: Default::default(),
             password_file: None,
+            cloudevents: None,
         },
     )
     .await

@@ -310,6 +310,25 @@ fn per_key_ordering_reaches_the_pods_and_unordered_renders_nothing_new() {
 }
 
 #[test]
+fn trace_columns_and_cloudevents_reach_the_pods_and_absent_renders_nothing_new() {
+    let mut spec = sample_spec();
+    spec.database.columns.traceparent = Some("trace_parent".into());
+    spec.database.columns.tracestate = Some("trace_state".into());
+    spec.broker.cloud_events = Some(crate::crd::CloudEventsSpec {
+        mode: Default::default(),
+        source: "urn:example:orders".into(),
+    });
+    let d = build(spec, 1);
+    assert_eq!(arg(&d, "traceparent-column"), Some("trace_parent"));
+    assert_eq!(arg(&d, "tracestate-column"), Some("trace_state"));
+    assert_eq!(arg(&d, "cloudevents"), Some("binary"));
+    assert_eq!(arg(&d, "cloudevents-source"), Some("urn:example:orders"));
+    let plain = build(sample_spec(), 1);
+    assert_eq!(arg(&plain, "cloudevents"), None);
+    assert_eq!(arg(&plain, "traceparent-column"), None);
+}
+
+#[test]
 fn amqp091_keeps_the_deployment_it_had_before_protocols() {
     let spec = sample_spec();
     let broker_secret = spec.broker.url_secret_ref.name.clone();

@@ -22,7 +22,7 @@ use fe2o3_amqp::types::messaging::{
     ApplicationProperties, Data, Header, Message as AmqpMessage, MessageId, Outcome, Properties,
     Source, Target as LinkTarget,
 };
-use fe2o3_amqp::types::primitives::{Array, Binary, SimpleValue, Symbol, Timestamp};
+use fe2o3_amqp::types::primitives::{Array, Binary, OrderedMap, SimpleValue, Symbol, Timestamp};
 use fe2o3_amqp::{Sendable, Sender, Session};
 use futures::future::FusedFuture;
 use futures::stream::FuturesUnordered;
@@ -32,6 +32,8 @@ mod connect;
 
 use connect::unavailable;
 
+use super::cloudevents::{AMQP10_PREFIX, CloudEvents, SPEC_VERSION, attributes};
+use super::trace_context::{TRACEPARENT, TRACESTATE};
 use super::{
     BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Rejection,
     Target, Unconfirmed,
@@ -54,6 +56,8 @@ pub struct Amqp10Settings {
     pub tls: BrokerTls,
     /// Read at each connect; its password replaces the URL's.
     pub password_file: Option<std::path::PathBuf>,
+    /// CloudEvents binary content mode; None when off.
+    pub cloudevents: Option<CloudEvents>,
 }
 
 /// Opens [`Amqp10Publisher`]s.
@@ -305,24 +309,39 @@ fn connection_lost(
 }
 
 /// The AMQP 1.0 message of a row: message-id = the row id, subject = the type,
-/// creation-time = occurred-at, the headers as application properties; durable.
+/// creation-time = occurred-at, the headers as application properties (`traceparent` and
+/// `tracestate` from the checked trace context instead), then the CloudEvents attributes in
+/// binary mode; durable.
 fn amqp_message(settings: &Amqp10Settings, message: &Message<'_>) -> AmqpMessage<Data> {
+    let id = message.id.to_string();
     let mut properties = Properties::builder()
-        .message_id(MessageId::String(message.id.to_string()))
+        .message_id(MessageId::String(id.clone()))
         .subject(message.kind.to_string())
         .content_type(Symbol::from(settings.content_type.as_str()))
         .build();
     properties.creation_time = message
         .timestamp
         .map(|seconds| Timestamp::from_milliseconds(seconds as i64 * 1000));
-    let mut application = ApplicationProperties::builder();
+    let mut application = ApplicationProperties::default();
+    let map = &mut application.0;
     if let Some(headers) = message.headers {
         for (name, value) in headers {
-            application = application.insert(name.clone(), simple_value(value));
+            if name != TRACEPARENT && name != TRACESTATE {
+                map.insert(name.clone(), simple_value(value));
+            }
         }
     }
+    if let Some(context) = &message.trace.context {
+        map.insert(TRACEPARENT.into(), SimpleValue::from(context.traceparent));
+        if let Some(state) = context.tracestate {
+            map.insert(TRACESTATE.into(), SimpleValue::from(state));
+        }
+    }
+    if let Some(cloudevents) = &settings.cloudevents {
+        cloud_event_properties(map, cloudevents, message, id);
+    }
     if let Some(error) = message.error {
-        application = application.insert("x-outbox-error", SimpleValue::from(error));
+        map.insert("x-outbox-error".into(), SimpleValue::from(error));
     }
     AmqpMessage::builder()
         .header(Header {
@@ -330,9 +349,49 @@ fn amqp_message(settings: &Amqp10Settings, message: &Message<'_>) -> AmqpMessage
             ..Default::default()
         })
         .properties(properties)
-        .application_properties(application.build())
+        .application_properties(application)
         .data(Binary::from(message.payload.to_vec()))
         .build()
+}
+
+/// The CloudEvents attributes as the AMQP protocol binding spells them: `cloudEvents:`
+/// application properties, `time` as an AMQP timestamp (milliseconds), `datacontenttype` as the
+/// content-type property (set already). The trace context goes as the distributed-tracing
+/// extension too (`cloudEvents:traceparent`), beside the bare W3C property.
+fn cloud_event_properties(
+    map: &mut OrderedMap<String, SimpleValue>,
+    settings: &CloudEvents,
+    message: &Message<'_>,
+    id: String,
+) {
+    let mut put = |name: &str, value: SimpleValue| {
+        map.insert(format!("{AMQP10_PREFIX}{name}"), value);
+    };
+    put(attributes::SPECVERSION, SimpleValue::from(SPEC_VERSION));
+    put(attributes::ID, SimpleValue::String(id));
+    put(attributes::TYPE, SimpleValue::from(message.kind));
+    put(
+        attributes::SOURCE,
+        SimpleValue::from(settings.source.as_str()),
+    );
+    if let Some(time) = message.occurred_at {
+        put(
+            attributes::TIME,
+            SimpleValue::Timestamp(Timestamp::from_milliseconds(time.timestamp_millis())),
+        );
+    }
+    if let Some(subject) = message
+        .partition_key
+        .and_then(|key| std::str::from_utf8(key).ok())
+    {
+        put(attributes::SUBJECT, SimpleValue::from(subject));
+    }
+    if let Some(context) = &message.trace.context {
+        put(TRACEPARENT, SimpleValue::from(context.traceparent));
+        if let Some(state) = context.tracestate {
+            put(TRACESTATE, SimpleValue::from(state));
+        }
+    }
 }
 
 /// A JSON header value as an AMQP 1.0 application property, which holds only simple values:
