@@ -152,8 +152,9 @@ pub struct OutboxRelaySpec {
     /// the operator measures the backlog itself, so `status.backlog` still moves. The status
     /// says `Suspended`. Setting it back to false resumes where delivery stopped: `replicas`
     /// pods, or with `scaling` the autoscaler starting from zero pods as it does when it wakes
-    /// a relay. Unlike `scaling.paused`, which only freezes the number of pods, nothing is
-    /// delivered while suspended.
+    /// a relay, or with `scaling.paused` the number of pods that ran before the suspension
+    /// (kept on the Deployment meanwhile). Unlike `scaling.paused`, which only freezes the
+    /// number of pods, nothing is delivered while suspended.
     #[serde(default)]
     pub suspend: bool,
 }

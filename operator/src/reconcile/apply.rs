@@ -9,7 +9,7 @@ use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 
 use crate::crd::{OutboxRelay, OutboxRelayStatus};
-use crate::reconcile::build::{FIELD_MANAGER, spec_hash};
+use crate::reconcile::build::{FIELD_MANAGER, replicas_before_suspend, spec_hash};
 use crate::reconcile::context::Context;
 use crate::reconcile::error::Error;
 use crate::reconcile::events::{self, reasons};
@@ -17,7 +17,8 @@ use crate::reconcile::events::{self, reasons};
 /// Applies `desired` (and the disruption `budget`, whose content the Deployment's hash covers)
 /// unless `live` already carries this exact build, and returns the Deployment as the API
 /// server has it now. Replicas are compared too: `kubectl scale deployment` changes them
-/// without touching the hash.
+/// without touching the hash, and so is the count remembered while suspended (outside the
+/// hash), so a resume that keeps zero pods still drops it.
 pub async fn apply_deployment(
     ctx: &Context,
     relay: &OutboxRelay,
@@ -32,7 +33,8 @@ pub async fn apply_deployment(
     match live {
         Some(live)
             if spec_hash(&live) == spec_hash(desired)
-                && live.spec.replicas == desired.spec.replicas =>
+                && live.spec.replicas == desired.spec.replicas
+                && replicas_before_suspend(&live) == replicas_before_suspend(desired) =>
         {
             restore_disruption_budget(&budgets, &name, budget).await?;
             Ok(live)

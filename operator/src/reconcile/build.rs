@@ -45,6 +45,11 @@ pub const CONTAINER_NAME: &str = "relay";
 pub const SPEC_HASH_ANNOTATION: &str = "outboxrelay.io/spec-hash";
 /// Versions of the referenced Secrets; a change rolls the pods so they read the new values.
 pub const SECRET_VERSIONS_ANNOTATION: &str = "outboxrelay.io/secret-versions";
+/// The replicas a relay ran with when `spec.suspend` scaled it to zero, kept on its Deployment
+/// (on the cluster, so an operator restart does not forget it) while suspended; the resume's
+/// apply leaves it out, and server-side apply removes it. Not covered by the spec hash: see
+/// [`replicas_before_suspend`].
+pub const REPLICAS_BEFORE_SUSPEND_ANNOTATION: &str = "outboxrelay.io/replicas-before-suspend";
 /// The field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "outbox-operator";
 /// A non-root user that exists in distroless-style images; set explicitly so `runAsNonRoot`
@@ -389,6 +394,26 @@ pub fn build_disruption_budget(
     relay: &OutboxRelay,
 ) -> Option<k8s_openapi::api::policy::v1::PodDisruptionBudget> {
     disruption_budget(relay, &recommended_labels(relay), &selector_labels(relay))
+}
+
+/// Marks `deployment` (a suspended relay's) with the replicas it ran with before.
+pub fn remember_replicas_before_suspend(deployment: &mut Deployment, replicas: i32) {
+    let annotations = deployment
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new);
+    annotations.insert(
+        REPLICAS_BEFORE_SUSPEND_ANNOTATION.to_string(),
+        replicas.to_string(),
+    );
+}
+
+/// The replicas a Deployment ran with before its relay was suspended, if it says so. A value
+/// edited by hand into something that is not a count is ignored rather than trusted.
+pub fn replicas_before_suspend(deployment: &Deployment) -> Option<i32> {
+    let annotations = deployment.metadata.annotations.as_ref()?;
+    let value = annotations.get(REPLICAS_BEFORE_SUSPEND_ANNOTATION)?;
+    value.trim().parse::<i32>().ok().filter(|n| *n >= 0)
 }
 
 /// The hash the builder stamped on a Deployment, if any.

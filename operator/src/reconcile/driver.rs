@@ -23,7 +23,8 @@ use kube::{Api, ResourceExt};
 use crate::crd::OutboxRelay;
 use crate::reconcile::apply::{apply_deployment, write_status};
 use crate::reconcile::build::{
-    build_deployment, build_disruption_budget, report_name, selector_string,
+    build_deployment, build_disruption_budget, remember_replicas_before_suspend, report_name,
+    selector_string,
 };
 use crate::reconcile::cleanup::{FINALIZER, clean_up, time_left};
 use crate::reconcile::context::{Context, Settings};
@@ -191,13 +192,16 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         }
     }
 
-    let desired = build_deployment(
+    let mut desired = build_deployment(
         relay,
         &plan,
         &secrets.fingerprint(),
         scale.replicas,
         &ctx.settings.build,
     );
+    if let Some(before) = scale.replicas_before_suspend {
+        remember_replicas_before_suspend(&mut desired, before);
+    }
     let existed = observed.live.is_some();
     let oom_kills = observed.oom_kills;
     let budget = build_disruption_budget(relay);

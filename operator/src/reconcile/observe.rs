@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use outbox_relay::database::DatabaseTarget;
 
+use crate::reconcile::build::replicas_before_suspend;
 use crate::reconcile::database::{LagObservation, LagQuery, RelayDatabase};
 use crate::reconcile::error::Error;
 use crate::reconcile::pods::{OomKill, observe_oom_kills};
@@ -28,6 +29,8 @@ pub struct Observed {
     pub live: Option<Deployment>,
     /// Replicas the Deployment asked for before this round (0 when it does not exist).
     pub previous_replicas: i32,
+    /// The replicas before `spec.suspend` scaled it to zero, as its annotation says.
+    pub replicas_before_suspend: Option<i32>,
     /// The lag, or why it could not be read (already redacted).
     pub lag: Result<LagObservation, String>,
     /// Relay pods the kernel killed for exceeding their memory limit.
@@ -63,6 +66,7 @@ pub async fn observe(
         .and_then(|d| d.spec.replicas)
         .unwrap_or(0)
         .max(0);
+    let before_suspend = live.as_ref().and_then(replicas_before_suspend);
     let query = LagQuery {
         relay_name: relay_name.to_string(),
         // Suspended, the pods are going or gone: the operator counts from the first round on.
@@ -88,6 +92,7 @@ pub async fn observe(
     Ok(Observed {
         live,
         previous_replicas,
+        replicas_before_suspend: before_suspend,
         lag,
         oom_kills,
     })

@@ -6,6 +6,11 @@
 //! asked (its history is kept as it was, and on resume it starts from the zero pods it finds,
 //! as when it wakes a relay scaled to zero).
 //!
+//! One exception on resume: `scaling.paused` keeps the count it finds, which after a
+//! suspension is zero, so a paused relay would never deliver again. While suspended, the
+//! Deployment carries the count it ran with before (an annotation, on the cluster so an
+//! operator restart keeps it), and a paused relay resumes with that count.
+//!
 //! [`autoscaler`]: crate::reconcile::autoscaler
 
 use chrono::{DateTime, Utc};
@@ -38,6 +43,9 @@ pub struct ScalingOutcome {
     pub last_scale_time: Option<DateTime<Utc>>,
     /// `spec.suspend`: zero pods whatever the backlog; nothing was recommended.
     pub suspended: bool,
+    /// While suspended, the replicas it ran with before, for the Deployment to keep (`None`
+    /// when it ran none).
+    pub replicas_before_suspend: Option<i32>,
 }
 
 impl ScalingOutcome {
@@ -69,6 +77,11 @@ pub fn recommend_replicas(
             observation: None,
             last_scale_time: history.and_then(|h| h.last_scale_time),
             suspended: true,
+            // The first suspended round sees the pods still asked for; later rounds see zero
+            // and keep what the first one wrote (a `kubectl scale` meanwhile changes nothing).
+            replicas_before_suspend: observed
+                .replicas_before_suspend
+                .or((previous > 0).then_some(previous)),
         };
         return (outcome, None);
     }
@@ -82,12 +95,19 @@ pub fn recommend_replicas(
             observation: None,
             last_scale_time: None,
             suspended: false,
+            replicas_before_suspend: None,
         };
         return (outcome, None);
     };
     let config = ScalingConfig::new(scaling, scaling_plan);
+    // Paused, the autoscaler keeps the count it is given: on resume, the one before the
+    // suspension rather than its zero. The annotation is there only in the resume's round.
+    let current = match observed.replicas_before_suspend {
+        Some(before) if config.paused => before,
+        _ => previous,
+    };
     let observation = Observation {
-        current_replicas: previous,
+        current_replicas: current,
         backlog: lag.as_ref().and_then(|l| l.backlog),
         backlog_age: lag.as_ref().and_then(|l| l.backlog_age),
         publish_rate: lag.as_ref().map_or(0.0, |l| l.publish_rate),
@@ -108,6 +128,7 @@ pub fn recommend_replicas(
         observation: Some(observation),
         last_scale_time: history.last_scale_time,
         suspended: false,
+        replicas_before_suspend: None,
     };
     (outcome, Some(history))
 }

@@ -487,6 +487,7 @@ mod tests {
             observation: None,
             last_scale_time: None,
             suspended: false,
+            replicas_before_suspend: None,
         })
     }
 

@@ -107,6 +107,7 @@ fn settled_relay(generation: i64) -> (OutboxRelay, serde_json::Value) {
         observation: None,
         last_scale_time: None,
         suspended: false,
+        replicas_before_suspend: None,
     };
     let plan = validate(&relay.spec).unwrap();
     let observation = Observation {

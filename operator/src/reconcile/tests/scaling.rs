@@ -304,3 +304,133 @@ async fn a_rate_limit_is_divided_among_the_pods_and_caps_the_scale_up() {
         })]
     );
 }
+
+/// A relay's status while suspended, as the rounds before wrote it.
+fn suspended_status() -> crate::crd::OutboxRelayStatus {
+    let mut status: crate::crd::OutboxRelayStatus = serde_json::from_value(json!({
+        "conditions": [{"type": "Suspended", "status": "True", "reason": "SuspendedBySpec",
+            "message": "delivery is suspended", "lastTransitionTime": "2026-12-05T06:00:00Z"}]
+    }))
+    .unwrap();
+    status.replicas = Some(0);
+    status
+}
+
+fn backlog_of(
+    rows: i64,
+) -> impl Fn(&LagQuery) -> Result<LagObservation, crate::reconcile::error::Error> + Send + 'static {
+    move |query| {
+        Ok(LagObservation {
+            backlog: Some(rows),
+            ..nothing_reported(query)
+        })
+    }
+}
+
+/// `scaling.paused` keeps the count it finds, and a suspension leaves zero: the count before
+/// the suspension is kept on the Deployment, on the cluster, so a paused relay resumes with
+/// it, even when the operator restarted in between (each round here is a fresh process: no
+/// history, no memory).
+#[tokio::test]
+async fn a_paused_relay_resumes_with_the_replicas_it_had_before_even_after_a_restart() {
+    use std::sync::{Arc, Mutex};
+    const BEFORE: &str = "outboxrelay.io/replicas-before-suspend";
+
+    let mut relay = scaling_relay(1, 10, 100);
+    relay.spec.scaling.as_mut().unwrap().paused = true;
+    relay.spec.suspend = true;
+    // Paused at three pods; a backlog that would ask for fifty.
+    let running = live_deployment(&relay, 3);
+    let applied = Arc::new(Mutex::new(None));
+    let keep = applied.clone();
+    Scenario::new(relay.clone())
+        .migrated_before()
+        .database(|db| db.lag(backlog_of(5_000)))
+        .reads_secrets()
+        .finds_deployment(running)
+        .applies_deployment(2, 0, move |body| {
+            assert_eq!(body["spec"]["replicas"], 0);
+            assert_eq!(body["metadata"]["annotations"][BEFORE], "3", "{body}");
+            *keep.lock().unwrap() = Some(body.clone());
+        })
+        .event("DeploymentUpdated")
+        .event("Suspended")
+        .writes_status(|status| assert_eq!(status.desired_replicas, Some(0)))
+        .run()
+        .await;
+    let suspended = super::scenario::served(applied.lock().unwrap().take().unwrap(), 2, 0, 0);
+
+    // The operator restarts while suspended: the next round finds zero pods and the count on
+    // the Deployment, and leaves both as they are.
+    relay.status = Some(suspended_status());
+    Scenario::new(relay.clone())
+        .migrated_before()
+        .database(|db| db.lag(backlog_of(5_000)))
+        .reads_secrets()
+        .finds_deployment(suspended.clone())
+        .keeps_deployment()
+        .writes_status(|status| assert_eq!(status.desired_replicas, Some(0)))
+        .run()
+        .await;
+
+    // Resumed, by a fresh process again: three pods, still paused, and the annotation goes
+    // (server-side apply drops what the operator no longer applies).
+    relay.spec.suspend = false;
+    Scenario::new(relay)
+        .migrated_before()
+        .database(|db| db.lag(backlog_of(5_000)))
+        .reads_secrets()
+        .finds_deployment(suspended)
+        .applies_deployment(3, 0, |body| {
+            assert_eq!(body["spec"]["replicas"], 3);
+            let annotations = body["metadata"]["annotations"].as_object().unwrap();
+            assert!(!annotations.contains_key(BEFORE), "{body}");
+        })
+        .event("DeploymentUpdated")
+        .event("ScaledUp")
+        .event_checked("Resumed", |body| {
+            let note = body["note"].as_str().unwrap_or_default();
+            assert!(note.contains("3 relay pods asked for"), "{note}");
+        })
+        .writes_status(|status| {
+            assert_eq!(status.desired_replicas, Some(3));
+            assert_conditions(
+                status,
+                &[
+                    ("Suspended", "False", "Resumed"),
+                    ("ScalingActive", "False", "Paused"),
+                ],
+            );
+        })
+        .run()
+        .await;
+}
+
+/// Without `scaling`, a resume asks for `spec.replicas`, whatever ran before the suspension,
+/// and drops the remembered count.
+#[tokio::test]
+async fn a_manual_relay_resumes_with_spec_replicas() {
+    let mut relay = orders_relay("outbox_messages");
+    relay.spec.replicas = 2;
+    relay.status = Some(suspended_status());
+    let mut live = live_deployment(&relay, 0);
+    live["metadata"]["annotations"]["outboxrelay.io/replicas-before-suspend"] = json!("5");
+    Scenario::new(relay)
+        .migrated_before()
+        .database(|db| db.lag(backlog_of(40)))
+        .reads_secrets()
+        .finds_deployment(live)
+        .applies_deployment(2, 0, |body| {
+            assert_eq!(body["spec"]["replicas"], 2);
+            let annotations = body["metadata"]["annotations"].as_object().unwrap();
+            assert!(
+                !annotations.contains_key("outboxrelay.io/replicas-before-suspend"),
+                "{body}"
+            );
+        })
+        .event("DeploymentUpdated")
+        .event("Resumed")
+        .writes_status(|status| assert_eq!(status.desired_replicas, Some(2)))
+        .run()
+        .await;
+}
