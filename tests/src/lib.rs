@@ -14,6 +14,7 @@ pub mod health;
 pub mod helm;
 pub mod history;
 pub mod http;
+pub mod load;
 pub mod lock_file;
 pub mod metrics;
 pub mod node;

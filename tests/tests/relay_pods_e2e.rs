@@ -11,8 +11,6 @@
 //! and `kubectl get obr`, and kstatus and the Argo CD health check read it as Current and
 //! Suspended; `suspend: false` delivers everything, each message once.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -22,6 +20,7 @@ use lapin::ExchangeKind;
 use outbox_operator::crd::OutboxRelaySpec;
 use outbox_tests::cluster::{TestCluster, relay_spec};
 use outbox_tests::history::History;
+use outbox_tests::load::SteadyLoad;
 use outbox_tests::{broker, db, health, http, unique, wait};
 use serde_json::json;
 
@@ -287,21 +286,7 @@ async fn a_suspended_relay_stops_delivering_keeps_reporting_its_backlog_and_resu
     cluster.wait_for_ready(&relay, "True", "").await;
 
     // A steady load: 100 rows every 100 ms until the end.
-    let inserted = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let load = tokio::spawn({
-        let (table, inserted, stop) = (table.clone(), inserted.clone(), stop.clone());
-        async move {
-            let mut conn = db::connect().await;
-            while !stop.load(Ordering::SeqCst) {
-                outbox_relay::tools::seed::copy_rows(&mut conn, &table, 100, 50, |_| {})
-                    .await
-                    .unwrap();
-                inserted.fetch_add(100, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    });
+    let load = SteadyLoad::start(&table, 100, Duration::from_millis(100));
     assert!(
         consumer.wait_for(300, KUBELET_STEP).await >= 300,
         "no delivery under load"
@@ -379,13 +364,11 @@ async fn a_suspended_relay_stops_delivering_keeps_reporting_its_backlog_and_resu
         "nothing delivered after the resume\n{}",
         cluster.operator.log_text()
     );
-    stop.store(true, Ordering::SeqCst);
-    load.await.unwrap();
+    let total = load.stop().await;
     assert!(
         db::wait_until_drained(&table, KUBELET_STEP).await,
         "rows still pending after the resume"
     );
-    let total = inserted.load(Ordering::SeqCst);
     consumer.assert_each_id_once(&mut conn, &table, total).await;
     let events: Vec<String> = cluster
         .events(&relay)

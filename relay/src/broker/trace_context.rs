@@ -99,7 +99,7 @@ impl<'a> MessageTrace<'a> {
                     dropped = Some(Dropped {
                         field: TraceField::Tracestate,
                         reason,
-                    })
+                    });
                 }
             },
         }

@@ -19,6 +19,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::table::outbox::OutboxTable;
+use crate::tools::quoted::QuotedTable;
 
 /// What `discard` puts before a row's error. `list`, `requeue` and `discard` leave such rows
 /// alone; the text after it is the row's error as the relay wrote it.
@@ -110,26 +111,19 @@ pub struct Group {
 }
 
 /// The SQL pieces every statement here needs, quoted once.
-struct Sql {
-    table: String,
-    id: String,
-    occurred: String,
-    processed: String,
-    error: String,
-    attempts: Option<String>,
+struct Sql(QuotedTable);
+
+impl std::ops::Deref for Sql {
+    type Target = QuotedTable;
+
+    fn deref(&self) -> &QuotedTable {
+        &self.0
+    }
 }
 
 impl Sql {
     fn new(table: &OutboxTable) -> Self {
-        let c = &table.columns;
-        Self {
-            table: table.name.quoted(),
-            id: c.id.quoted(),
-            occurred: c.occurred_at.quoted(),
-            processed: c.processed_at.quoted(),
-            error: c.error.quoted(),
-            attempts: c.attempts.as_ref().map(|a| a.quoted()),
-        }
+        Self(QuotedTable::new(table))
     }
 
     /// The rows that are dead letters: settled with an error, not discarded.

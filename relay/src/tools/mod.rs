@@ -2,5 +2,6 @@
 
 pub mod consume;
 pub mod dead_letters;
+pub mod quoted;
 pub mod replay;
 pub mod seed;

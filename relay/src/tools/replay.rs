@@ -23,6 +23,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::table::outbox::OutboxTable;
+use crate::tools::quoted::QuotedTable;
 
 /// The header a replayed message carries: the RFC 3339 time of the replay run. The relay sends
 /// the headers column as AMQP 0-9-1 headers and as AMQP 1.0 application properties, like its
@@ -63,32 +64,19 @@ impl Selection {
 }
 
 /// The SQL pieces every statement here needs, quoted once.
-struct Sql {
-    table: String,
-    id: String,
-    kind: String,
-    occurred: String,
-    processed: String,
-    error: String,
-    attempts: Option<String>,
-    headers: Option<String>,
-    key: Option<String>,
+struct Sql(QuotedTable);
+
+impl std::ops::Deref for Sql {
+    type Target = QuotedTable;
+
+    fn deref(&self) -> &QuotedTable {
+        &self.0
+    }
 }
 
 impl Sql {
     fn new(table: &OutboxTable) -> Self {
-        let c = &table.columns;
-        Self {
-            table: table.name.quoted(),
-            id: c.id.quoted(),
-            kind: c.kind.quoted(),
-            occurred: c.occurred_at.quoted(),
-            processed: c.processed_at.quoted(),
-            error: c.error.quoted(),
-            attempts: c.attempts.as_ref().map(|a| a.quoted()),
-            headers: c.headers.as_ref().map(|h| h.quoted()),
-            key: c.partition_key.as_ref().map(|k| k.quoted()),
-        }
+        Self(QuotedTable::new(table))
     }
 
     /// Delivered rows: settled without an error. A row without a claim position is left out:

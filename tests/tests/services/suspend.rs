@@ -3,12 +3,11 @@
 //! measuring the growing backlog and `/readyz` stays ready; after SIGUSR2 every row arrives,
 //! each once. SIGTERM while suspended still exits 0.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use lapin::ExchangeKind;
 use outbox_tests::http::get as http_get;
+use outbox_tests::load::SteadyLoad;
 use outbox_tests::process::RelayProcess;
 use outbox_tests::{broker, db, metrics, process, unique, wait};
 
@@ -43,21 +42,7 @@ async fn sigusr1_suspends_delivery_under_load_and_sigusr2_resumes_it() {
     let addr = relay.metrics_addr().await;
 
     // A steady load: 100 rows every 50 ms until told to stop.
-    let inserted = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let load = tokio::spawn({
-        let (table, inserted, stop) = (table.clone(), inserted.clone(), stop.clone());
-        async move {
-            let mut conn = db::connect().await;
-            while !stop.load(Ordering::SeqCst) {
-                outbox_relay::tools::seed::copy_rows(&mut conn, &table, 100, 50, |_| {})
-                    .await
-                    .unwrap();
-                inserted.fetch_add(100, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    });
+    let load = SteadyLoad::start(&table, 100, Duration::from_millis(50));
     assert!(
         consumer.wait_for(500, Duration::from_secs(30)).await >= 500,
         "the relay does not deliver under load:\n{}",
@@ -71,7 +56,7 @@ async fn sigusr1_suspends_delivery_under_load_and_sigusr2_resumes_it() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let delivered = consumer.total();
     let backlog_before = metric(&addr, "outbox_relay_backlog").await.unwrap_or(0.0);
-    let inserted_before = inserted.load(Ordering::SeqCst);
+    let inserted_before = load.inserted();
     tokio::time::sleep(QUIET).await;
     assert_eq!(
         consumer.total(),
@@ -80,7 +65,7 @@ async fn sigusr1_suspends_delivery_under_load_and_sigusr2_resumes_it() {
         relay.log_text()
     );
     assert!(
-        inserted.load(Ordering::SeqCst) >= inserted_before + 1_000,
+        load.inserted() >= inserted_before + 1_000,
         "the load stopped: the test proves nothing"
     );
     // The reporter still measures: the backlog grows with the inserts.
@@ -120,9 +105,7 @@ async fn sigusr1_suspends_delivery_under_load_and_sigusr2_resumes_it() {
         "nothing delivered after SIGUSR2:\n{}",
         relay.log_text()
     );
-    stop.store(true, Ordering::SeqCst);
-    load.await.unwrap();
-    let total = inserted.load(Ordering::SeqCst);
+    let total = load.stop().await;
     assert!(
         db::wait_until_drained(&table, Duration::from_secs(60)).await,
         "rows still pending after SIGUSR2:\n{}",
