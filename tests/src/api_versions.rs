@@ -3,7 +3,7 @@
 //! that tolerates what the API server adds (defaults), and the field paths of a schema.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -29,9 +29,20 @@ pub fn every_status_field() -> Value {
         .expect("the status fixture is JSON")
 }
 
+/// Two OutboxRelays (v1alpha1) that set every spec field release 0.1.0's CRD
+/// ([`previous_crd_path`]) had: what its users could have written.
+pub fn previous_every_field_path() -> PathBuf {
+    repo_root().join("tests/fixtures/outboxrelay-every-field-0.1.yaml")
+}
+
 /// The OutboxRelays of [`every_field_path`].
 pub fn every_field_relays() -> Vec<Value> {
-    let text = std::fs::read_to_string(every_field_path()).expect("read the fixture");
+    relays_in(&every_field_path())
+}
+
+/// The OutboxRelays of a fixture file.
+pub fn relays_in(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).expect("read the fixture");
     serde_yaml::Deserializer::from_str(&text)
         .map(|document| serde::Deserialize::deserialize(document).expect("YAML"))
         .collect()
