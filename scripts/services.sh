@@ -307,12 +307,20 @@ SQL
 }
 
 # A cluster that offers no TLS at all, for "sslmode=require against a server without TLS".
+# pg_cluster_missing VERSION NAME: true when the cluster is not made. Its configuration file is
+# asked, not its directory: pg_dropcluster leaves a directory that holds files of ours
+# (conf.d/outbox-relay.conf), and pg_createcluster refuses to make a cluster over it.
+pg_cluster_missing() {
+  [ -f "/etc/postgresql/$1/$2/postgresql.conf" ] && return 1
+  as_root rm -rf "/etc/postgresql/$1/$2"
+}
+
 start_plain_postgres() {
   pg_isready -q -h "$PGHOST" -p "$PLAIN_PG_PORT" 2>/dev/null && return 0
   local version
   # shellcheck disable=SC2012 # the cluster versions are plain numbers
   version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n1)
-  if [ ! -d "/etc/postgresql/$version/notls" ]; then
+  if pg_cluster_missing "$version" notls; then
     echo "creating PostgreSQL cluster notls (no TLS) on port $PLAIN_PG_PORT"
     as_root pg_createcluster "$version" notls --port "$PLAIN_PG_PORT" -- --auth-host=trust --auth-local=peer >/dev/null
     printf '%s\n' "ssl = off" "shared_buffers = 16MB" "max_connections = 20" \
@@ -341,7 +349,7 @@ start_expired_postgres() {
       as_root pg_ctlcluster "$version" expired reload
     fi
   fi
-  if [ ! -d "/etc/postgresql/$version/expired" ]; then
+  if pg_cluster_missing "$version" expired; then
     echo "creating PostgreSQL cluster expired (an expired certificate) on port $EXPIRED_PG_PORT"
     as_root pg_createcluster "$version" expired --port "$EXPIRED_PG_PORT" -- --auth-host=trust --auth-local=peer >/dev/null
     printf '%s\n' "ssl = on" "ssl_cert_file = '$dir/server.pem'" "ssl_key_file = '$dir/server.key'" \
