@@ -234,13 +234,29 @@ setup_expired_cert() {
   rm -rf "$work"
 }
 
+# tls_copy_current DIR [FILE...]: the copies in DIR (default: the server certificate, its key
+# and the CA) are those of $tls_dir now. Asked besides the version stamps: a cleared cache makes a
+# new CA, and every copy outside the cache must follow it.
+tls_copy_current() {
+  local dir=$1 files=("${@:2}") f
+  [ ${#files[@]} -gt 0 ] || files=(server.pem server.key ca.pem)
+  for f in "${files[@]}"; do
+    as_root cmp -s "$tls_dir/$f" "$dir/$f" 2>/dev/null || return 1
+  done
+}
+
 # psql as postgres over the local socket of the main cluster.
 pg_admin() { as_root su postgres -c "psql -v ON_ERROR_STOP=1 -Atq $(printf '%q ' "$@")"; }
 
 configure_postgres_tls() {
   local conf_dir server_dir="/var/lib/postgresql/outbox-relay-tls"
+  local hba
   conf_dir=$(dirname "$(pg_admin -c 'show config_file')")
-  if [ "$(as_root cat "$server_dir/.version" 2>/dev/null)" != "$TLS_VERSION" ]; then
+  hba=$(pg_admin -c 'show hba_file')
+  # A cluster made again (its hba file new) or a new CA needs the set-up again too.
+  if [ "$(as_root cat "$server_dir/.version" 2>/dev/null)" != "$TLS_VERSION" ] \
+    || ! tls_copy_current "$server_dir" || ! as_root grep -q "# outbox-relay tls$" "$hba" \
+    || ! as_root test -f "$conf_dir/conf.d/outbox-relay-tls.conf"; then
     echo "PostgreSQL: TLS with the test CA, TLS-only SCRAM and md5 roles, a certificate-login role"
     as_root mkdir -p "$server_dir"
     as_root cp "$tls_dir/server.pem" "$tls_dir/server.key" "$tls_dir/ca.pem" "$server_dir/"
@@ -248,8 +264,6 @@ configure_postgres_tls() {
     as_root chmod 600 "$server_dir/server.key"
     printf '%s\n' "ssl = on" "ssl_cert_file = '$server_dir/server.pem'" "ssl_key_file = '$server_dir/server.key'" \
       "ssl_ca_file = '$server_dir/ca.pem'" | as_root tee "$conf_dir/conf.d/outbox-relay-tls.conf" >/dev/null
-    local hba
-    hba=$(pg_admin -c 'show hba_file')
     as_root sed -i '/# outbox-relay tls$/d' "$hba"
     # Before the trust lines (sed's i text goes on where a line ends with a backslash).
     as_root sed -i "1i $(pg_tls_hba_rules 127.0.0.1/32 ::1/128 "$NODES_NETWORK" | sed '$!s/$/\\/')" "$hba"
@@ -559,7 +573,7 @@ pgbouncer_up() { (exec 3<>/dev/tcp/127.0.0.1/$PGBOUNCER_PORT) 2>/dev/null; }
 start_pgbouncer() {
   local dir=/var/lib/postgresql/outbox-relay-pgbouncer bin
   bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
-  if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ]; then
+  if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ] || ! tls_copy_current "$dir" ca.pem; then
     echo "PgBouncer: session and transaction pools on 127.0.0.1 and $SERVICES_ADDRESS:$PGBOUNCER_PORT, TLS to PostgreSQL"
     as_root mkdir -p "$dir"
     as_root cp "$tls_dir/ca.pem" "$dir/ca.pem"
@@ -607,7 +621,8 @@ rabbit_tls_up() { (exec 3<>/dev/tcp/127.0.0.1/5671) 2>/dev/null; }
 # user name) through rabbitmq_auth_mechanism_ssl, for the user outbox_cert.
 configure_rabbitmq_tls() {
   local dir=/etc/rabbitmq/outbox-relay-tls conf=/etc/rabbitmq/rabbitmq.conf
-  if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ] || ! as_root grep -q "outbox-relay tls" "$conf" 2>/dev/null \
+  if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ] || ! tls_copy_current "$dir" \
+    || ! as_root grep -q "outbox-relay tls" "$conf" 2>/dev/null \
     || ! as_root grep -q "listeners.tcp.pods = $SERVICES_ADDRESS:5672" "$conf" 2>/dev/null; then
     echo "RabbitMQ: AMQPS on 5671 with the test CA, certificate login (EXTERNAL), the pods' listeners"
     as_root mkdir -p "$dir"
