@@ -1,16 +1,20 @@
 //! `outbox-operator`: `run` the controller, print the `crd`, or `migrate-storage`.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{ArgAction, Parser, Subcommand};
 use outbox_operator::crd::CRD_NAME;
+use outbox_operator::metrics::Metrics;
 use outbox_operator::reconcile::Settings;
 use outbox_operator::reconcile::build::BuildSettings;
 use outbox_operator::runtime::run::{RunOptions, run};
 use outbox_operator::runtime::storage_migration::{Scope, migrate_storage};
 use outbox_operator::runtime::telemetry::{self, LogFormat};
+use outbox_relay::telemetry::export::flush_and_stop;
+use outbox_relay::telemetry::settings::otlp_target;
 
 #[derive(Parser)]
 #[command(
@@ -133,12 +137,14 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => {
-            telemetry::init(args.log_format);
+            let metrics = Arc::new(Metrics::default());
+            let otlp = otlp_target(|name| std::env::var(name).ok())?;
+            let spans = telemetry::init(args.log_format, otlp.as_ref(), metrics.spans.clone())?;
             let mut build = BuildSettings::default();
             if let Some(image) = args.relay_image {
                 build.default_image = image;
             }
-            run(RunOptions {
+            let result = run(RunOptions {
                 namespaces: args.namespaces,
                 metrics_addr: args.metrics_addr,
                 leader_election: args.leader_election,
@@ -153,8 +159,15 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                     cleanup_timeout: args.cleanup_timeout,
                     ..Settings::default()
                 },
+                metrics,
             })
-            .await
+            .await;
+            if let Some(provider) = spans {
+                // The exporter's thread sends them on this runtime: wait for it off the runtime.
+                let flush = move || flush_and_stop(provider, Duration::from_secs(5));
+                let _ = tokio::task::spawn_blocking(flush).await;
+            }
+            result
         }
     }
 }

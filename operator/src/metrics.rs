@@ -1,13 +1,24 @@
 //! Prometheus metrics of the operator: reconciles, failures by cause, and duration, per relay.
 
 use outbox_relay::metrics::registered;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use outbox_relay::telemetry::export::ExportCounters;
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
 
 pub struct Metrics {
     registry: Registry,
     reconciles: IntCounterVec,
     failures: IntCounterVec,
     duration: HistogramVec,
+    /// The reconcile spans exported over OTLP, and those lost in failed exports.
+    pub spans: ExportCounters,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Default for Metrics {
@@ -40,11 +51,28 @@ impl Default for Metrics {
                 &["relay"],
             ),
         );
+        let spans = ExportCounters {
+            exported: registered(
+                r,
+                IntCounter::new(
+                    "spans_exported_total",
+                    "Reconcile spans accepted by the OTLP endpoint",
+                ),
+            ),
+            failed: registered(
+                r,
+                IntCounter::new(
+                    "spans_export_failed_total",
+                    "Reconcile spans lost because their export to the OTLP endpoint failed",
+                ),
+            ),
+        };
         Self {
             registry,
             reconciles,
             failures,
             duration,
+            spans,
         }
     }
 }

@@ -8,12 +8,14 @@
 //!
 //! - [`defaults`]: every default value and limit of the relay's options, in one place;
 //! - [`libpq_url`]: libpq's multi-host URL form, split into one URL per host;
-//! - [`secret_url`], [`secret_file`], [`certificate_dates`] and [`metrics`]: leaves shared by
-//!   everything above;
+//! - [`secret_url`], [`secret_file`], [`certificate_dates`], [`announce`] and [`metrics`]:
+//!   leaves shared by everything above;
 //! - [`database`]: opening connections (TLS as libpq means it, password files, clear failures);
 //! - [`table`]: identifiers, the table's shape, its SQL, the migration and the lag reports;
 //! - [`broker`]: the publisher trait (publish a batch, await its confirms) and its AMQP 0-9-1
 //!   implementation;
+//! - [`telemetry`]: the relay's own spans (one trace per batch) and their OTLP export, off
+//!   unless the standard OTEL_EXPORTER_OTLP_* variables say where;
 //! - [`protocol`]: one batch of the table protocol (claim, publish, settle), generic over the
 //!   publisher, and where the next claim starts;
 //! - [`config`]: the options of each command, layered flags > environment > file > defaults;
@@ -21,6 +23,7 @@
 //! - [`tools`]: load generation and a counting consumer, for demos and benchmarks;
 //! - [`cli`]: the `outbox-relay` commands.
 
+pub mod announce;
 pub mod certificate_dates;
 pub mod defaults;
 pub mod libpq_url;
@@ -33,6 +36,8 @@ pub mod database;
 pub mod table;
 
 pub mod broker;
+
+pub mod telemetry;
 
 pub mod protocol;
 

@@ -19,6 +19,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Api, ResourceExt};
+use tracing::{Instrument, info_span};
 
 use crate::crd::OutboxRelay;
 use crate::reconcile::apply::{apply_deployment, write_status};
@@ -50,7 +51,19 @@ pub fn backoff_delay(failures: u32, base: Duration, max: Duration) -> Duration {
 /// Reconciles one OutboxRelay: the pipeline, or the cleanup once it is being deleted. The
 /// finalizer helper adds [`FINALIZER`] first (that write wakes the next reconcile) and removes
 /// it when the cleanup returns `Ok`.
-#[tracing::instrument(skip_all, fields(relay = %report_name(&relay)))]
+///
+/// Its span, and one per step inside it, are exported as a trace when OTLP export is on (see
+/// [`crate::runtime::telemetry`]); a failed reconcile's span has the error status.
+#[tracing::instrument(
+    name = "reconcile",
+    skip_all,
+    fields(
+        relay = %report_name(&relay),
+        otel.kind = "internal",
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    )
+)]
 pub async fn reconcile(relay: Arc<OutboxRelay>, ctx: Arc<Context>) -> Result<Action, Error> {
     let relay_name = report_name(&relay);
     let _timer = ctx.metrics.reconcile_started(&relay_name);
@@ -68,9 +81,13 @@ pub async fn reconcile(relay: Arc<OutboxRelay>, ctx: Arc<Context>) -> Result<Act
         Ok(_) => ctx.failures.forget(&relay_name),
         // Waiting for pods to stop is part of a deletion, not a failure worth alerting on.
         Err(Error::RelayPodsStopping) => {}
-        Err(error) => ctx
-            .metrics
-            .reconcile_failed(&relay_name, error.metric_label()),
+        Err(error) => {
+            ctx.metrics
+                .reconcile_failed(&relay_name, error.metric_label());
+            let span = tracing::Span::current();
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_description", error.to_string());
+        }
     }
     result
 }
@@ -132,9 +149,12 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
 
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
     let config_maps_api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
-    let secrets = dereference_secrets(&secrets_api, &config_maps_api, &relay.spec).await?;
+    let secrets = dereference_secrets(&secrets_api, &config_maps_api, &relay.spec)
+        .instrument(info_span!("dereference"))
+        .await?;
 
-    let plan = validate(&relay.spec).map_err(Error::InvalidSpec)?;
+    let plan =
+        info_span!("validate").in_scope(|| validate(&relay.spec).map_err(Error::InvalidSpec))?;
 
     let key = MigrationKey {
         relay_uid: relay.uid().unwrap_or_else(|| relay_name.clone()),
@@ -150,6 +170,7 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         &plan,
         &relay_name,
     )
+    .instrument(info_span!("migrate", table = %plan.table.name))
     .await?;
     announce_migration(&ctx.recorder, relay, &migration).await;
 
@@ -162,11 +183,14 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         name: &name,
         selector: &selector,
     };
-    let observed = observe(objects, database, &secrets.database, &plan, &relay_name).await?;
+    let observed = observe(objects, database, &secrets.database, &plan, &relay_name)
+        .instrument(info_span!("observe"))
+        .await?;
 
     let history = ctx.scaling.get(&relay_name);
-    let (scale, history) =
-        recommend_replicas(&relay.spec, &plan, &observed, history, chrono::Utc::now());
+    let (scale, history) = info_span!("recommend").in_scope(|| {
+        recommend_replicas(&relay.spec, &plan, &observed, history, chrono::Utc::now())
+    });
     if let Some(history) = history {
         ctx.scaling.put(&relay_name, history);
     }
@@ -213,6 +237,7 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
         &desired,
         budget.as_ref(),
     )
+    .instrument(info_span!("apply", replicas = scale.replicas))
     .await?;
     if existed {
         announce_scaling(&ctx.recorder, relay, &scale).await;
@@ -236,7 +261,9 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
     announce_vacuum(&ctx.recorder, relay, &status, &observation.table).await;
     announce_oom_kills(&ctx.recorder, relay, &oom_kills).await;
     announce_suspension(&ctx.recorder, relay, &status, plan.suspended).await;
-    write_status(ctx, relay, &status).await?;
+    write_status(ctx, relay, &status)
+        .instrument(info_span!("status"))
+        .await?;
 
     Ok(match (&migration, &plan.scaling) {
         (MigrationOutcome::LockBusy, _) => Action::requeue(ctx.settings.lock_busy_retry),

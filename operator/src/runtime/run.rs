@@ -33,6 +33,8 @@ pub struct RunOptions {
     /// leader, before reconciling; off: only check that the cluster serves that version.
     pub manage_crd: bool,
     pub settings: Settings,
+    /// Made before the run, so that the span exporter set up with the log counts into it.
+    pub metrics: Arc<Metrics>,
 }
 
 /// A one-way "stop" flag that any number of futures can wait on.
@@ -64,7 +66,7 @@ impl StopSignal {
 }
 
 pub async fn run(options: RunOptions) -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::default());
+    let metrics = options.metrics.clone();
     let ready = Arc::new(AtomicBool::new(false));
     let state = ServerState {
         metrics: metrics.clone(),

@@ -386,13 +386,7 @@ async fn ensure_exchange(
 /// The row's headers column as the message's headers. `traceparent` and `tracestate` are
 /// left out: the message's checked trace context ([`Message::trace`]) says what goes there.
 fn header_table(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
-    let mut table = FieldTable::default();
-    for (key, value) in map {
-        if key != TRACEPARENT && key != TRACESTATE {
-            table.insert(key.as_str().into(), amqp_value(value));
-        }
-    }
-    table
+    table_of(map, |key| key != TRACEPARENT && key != TRACESTATE)
 }
 
 fn text(value: &str) -> AMQPValue {
@@ -445,8 +439,16 @@ fn cloud_event_headers(
 /// A JSON object as an AMQP field table, nested objects and arrays included. The names were
 /// checked when the row became a message ([`super::headers::check`]), so nothing can fail here.
 fn field_table(map: &serde_json::Map<String, serde_json::Value>) -> FieldTable {
+    table_of(map, |_| true)
+}
+
+/// The entries of `map` whose key `keep` accepts, as an AMQP field table.
+fn table_of(
+    map: &serde_json::Map<String, serde_json::Value>,
+    keep: impl Fn(&str) -> bool,
+) -> FieldTable {
     let mut table = FieldTable::default();
-    for (key, value) in map {
+    for (key, value) in map.iter().filter(|(key, _)| keep(key)) {
         table.insert(key.as_str().into(), amqp_value(value));
     }
     table

@@ -9,6 +9,7 @@ use crate::config::{RunArgs, resolve_run};
 use crate::metrics::Metrics;
 use crate::runtime::run;
 use crate::runtime::suspend::Suspension;
+use crate::telemetry::settings::otlp_target;
 
 /// Runs the relay until `shutdown` is cancelled (by SIGTERM or SIGINT, see `signals`), with
 /// delivery suspended while `suspension` says so (SIGUSR1 until SIGUSR2).
@@ -21,8 +22,12 @@ pub async fn command(
         Ok(config) => config,
         Err(e) => return usage_error(e),
     };
+    let otlp = match otlp_target(|name| std::env::var(name).ok()) {
+        Ok(otlp) => otlp,
+        Err(e) => return usage_error(e),
+    };
     init_logs(config.log_format);
-    match run::run(config, Metrics::new(), shutdown, suspension).await {
+    match run::run(config, otlp, Metrics::new(), shutdown, suspension).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_user_error() => usage_error(e),
         Err(e) => failure(e),

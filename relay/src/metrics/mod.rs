@@ -82,6 +82,10 @@ pub struct Metrics {
     pub failures: IntCounterVec,
     /// Malformed W3C trace context (by header) left off messages that were still sent.
     pub trace_context_invalid: IntCounterVec,
+    /// The relay's own spans handed to the OTLP endpoint, and those lost in exports that failed
+    /// (only while OTEL_EXPORTER_OTLP_* configure an export).
+    pub spans_exported: IntCounter,
+    pub spans_export_failed: IntCounter,
     pub batch_size: Histogram,
     stage_seconds: HistogramVec,
     pub backlog: IntGauge,
@@ -154,6 +158,21 @@ impl Metrics {
                          left off their messages, which were sent without them",
                     ),
                     &["header"],
+                ),
+            ),
+            spans_exported: registered(
+                r,
+                IntCounter::new(
+                    "outbox_relay_spans_exported_total",
+                    "The relay's batch spans accepted by the OTLP endpoint",
+                ),
+            ),
+            spans_export_failed: registered(
+                r,
+                IntCounter::new(
+                    "outbox_relay_spans_export_failed_total",
+                    "The relay's batch spans lost because their export to the OTLP endpoint failed \
+                     (the messages are not affected)",
                 ),
             ),
             batch_size: registered(

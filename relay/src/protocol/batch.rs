@@ -7,7 +7,7 @@
 //! nothing when every row was confirmed. Either way, what COMMIT makes visible is the same.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection};
@@ -24,6 +24,7 @@ use crate::broker::{
 };
 use crate::metrics::{FailureReason, KeyEvent, Metrics, Stage};
 use crate::table::sql::Statements;
+use crate::telemetry::batch_spans::{BatchEnd, BatchSpans, BatchTimeline, SettledCounts};
 
 /// Longest wait for one database round trip; a stalled connection is replaced after it.
 pub const DATABASE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -42,6 +43,9 @@ pub struct BatchSettings {
     /// The bound on COMMIT (`--commit-timeout`), apart from [`DATABASE_TIMEOUT`]: a primary
     /// waiting for a synchronous standby that is gone never answers it.
     pub commit_timeout: Duration,
+    /// The batch spans, while OTEL_EXPORTER_OTLP_* configure an export (see
+    /// [`crate::telemetry`]); None: the batch notes nothing for them.
+    pub spans: Option<BatchSpans>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -245,6 +249,71 @@ pub async fn run_batch_up_to<P: Publisher>(
     lanes: Option<&[i32]>,
     limit: usize,
 ) -> Result<BatchReport, BatchError> {
+    let Some(spans) = &settings.spans else {
+        let mut untraced = None;
+        return claim_publish_settle(
+            conn,
+            publisher,
+            statements,
+            settings,
+            metrics,
+            start,
+            lanes,
+            limit,
+            &mut untraced,
+        )
+        .await;
+    };
+    let settling = statements.settling.is_some() && lanes.is_none();
+    let mut timeline = Some(BatchTimeline::start(settling));
+    let result = claim_publish_settle(
+        conn,
+        publisher,
+        statements,
+        settings,
+        metrics,
+        start,
+        lanes,
+        limit,
+        &mut timeline,
+    )
+    .await;
+    if let Some(timeline) = timeline {
+        let end = match &result {
+            Ok(report) => BatchEnd::Settled(SettledCounts {
+                published: report.published,
+                retried: report.retried,
+                dead_lettered: report.dead_lettered,
+                untouched: report.untouched,
+                nacked: report.nacked,
+            }),
+            Err(error) => BatchEnd::Failed(error.to_string()),
+        };
+        spans.record(timeline, end);
+    }
+    result
+}
+
+/// Notes a step of the batch for its spans, when they are built.
+fn note(timeline: &mut Option<BatchTimeline>, step: impl FnOnce(&mut BatchTimeline)) {
+    if let Some(timeline) = timeline {
+        step(timeline);
+    }
+}
+
+/// The batch itself (see [`run_batch_up_to`]), noting its steps in `timeline` when it is Some.
+#[allow(clippy::too_many_arguments)]
+async fn claim_publish_settle<P: Publisher>(
+    conn: &mut PgConnection,
+    publisher: &mut P,
+    statements: &Statements,
+    settings: &BatchSettings,
+    metrics: &Metrics,
+    start: ClaimStart,
+    lanes: Option<&[i32]>,
+    limit: usize,
+    timeline: &mut Option<BatchTimeline>,
+) -> Result<BatchReport, BatchError> {
     let mut tx = timed(metrics, Stage::Claim, conn.begin()).await?;
     let limit = limit.clamp(1, settings.batch_size.max(1)) as i64;
     let settling = statements.settling.as_ref().filter(|_| lanes.is_none());
@@ -262,6 +331,7 @@ pub async fn run_batch_up_to<P: Publisher>(
         observed(metrics, Stage::Claim, bounded(claim.fetch_all(&mut *tx))).await;
     let rows = rows?;
     metrics.batch_size.observe(rows.len() as f64);
+    note(timeline, |t| t.claimed(rows.len()));
     if rows.is_empty() {
         commit(metrics, settings, tx).await?;
         return Ok(BatchReport {
@@ -282,6 +352,8 @@ pub async fn run_batch_up_to<P: Publisher>(
         .map(|row| to_message(row, &settings.routing_key))
         .collect();
     super::trace_report::count_dropped(prepared.iter().flatten(), metrics);
+    note(timeline, |t| t.messages(prepared.iter().flatten()));
+    let publish_started = timeline.as_ref().map(|_| SystemTime::now());
     let (delivered, mut broken) = match lanes {
         None => {
             let messages: Vec<Message<'_>> = prepared
@@ -304,6 +376,9 @@ pub async fn run_batch_up_to<P: Publisher>(
             publish_in_waves(publisher, &rows, &sendable, settings, metrics).await
         }
     };
+    if let (Some(timeline), Some(started)) = (timeline.as_mut(), publish_started) {
+        timeline.published(started, broken.as_ref().map(ToString::to_string));
+    }
 
     let mut outcomes = Vec::with_capacity(rows.len());
     let mut nacked = 0;
@@ -339,6 +414,7 @@ pub async fn run_batch_up_to<P: Publisher>(
         None => settle_query(statements, &rows, &outcomes),
     };
     if let Some(settle) = settle {
+        note(timeline, BatchTimeline::marked);
         let settle = settle.persistent(persistent);
         timed(metrics, Stage::Mark, settle.execute(&mut *tx)).await?;
     }
@@ -550,6 +626,7 @@ mod tests {
             dead_letter_exchange: true,
             publish_slots: None,
             commit_timeout: crate::defaults::COMMIT_TIMEOUT,
+            spans: None,
         }
     }
 
@@ -601,6 +678,7 @@ mod tests {
             dead_letter_exchange: false,
             publish_slots: None,
             commit_timeout: crate::defaults::COMMIT_TIMEOUT,
+            spans: None,
         };
         let unroutable = || Rejection::Unroutable {
             reply: "312 NO_ROUTE".into(),

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::announce::Announcer;
+use crate::announce::Announcer;
 use crate::broker::{ConnectError, Refusal};
 use crate::database::{ConnectFailure, FailureKind};
 use crate::table::reports::{Problem, ProblemKind};

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+use opentelemetry::trace::TracerProvider;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
@@ -27,6 +29,11 @@ use crate::table::inspect::{InspectError, TableShape, inspect_with};
 use crate::table::migrate::notify_channel;
 use crate::table::outbox::DeliveryOrder;
 use crate::table::sql::Statements;
+use crate::telemetry::batch_spans::{BatchSpans, MessagingSystem};
+use crate::telemetry::export::{
+    ExportCounters, ExportSetupError, flush_and_stop, say_exporting, tracer_provider,
+};
+use crate::telemetry::settings::OtlpTarget;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -41,12 +48,61 @@ pub enum RunError {
     },
     #[error("shutdown grace period of {0:?} ran out with batches still in flight; they roll back")]
     GraceExpired(std::time::Duration),
+    #[error(transparent)]
+    Spans(#[from] ExportSetupError),
 }
 
 impl RunError {
     pub fn is_user_error(&self) -> bool {
-        matches!(self, RunError::Table(_) | RunError::Bind { .. })
+        matches!(
+            self,
+            RunError::Table(_) | RunError::Bind { .. } | RunError::Spans(_)
+        )
     }
+}
+
+/// How long the spans still queued at exit may take to go out.
+const SPANS_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The batch spans of this process, when `otlp` says where they go; the provider is kept to
+/// flush them at exit.
+fn batch_spans(
+    config: &RelayConfig,
+    otlp: Option<&OtlpTarget>,
+    metrics: &Metrics,
+) -> Result<Option<(SdkTracerProvider, BatchSpans)>, ExportSetupError> {
+    let Some(target) = otlp else {
+        return Ok(None);
+    };
+    let counters = ExportCounters {
+        exported: metrics.spans_exported.clone(),
+        failed: metrics.spans_export_failed.clone(),
+    };
+    let links = u32::try_from(config.batch_size).unwrap_or(u32::MAX);
+    let provider = tracer_provider(target, "outbox-relay", links, counters)?;
+    say_exporting(target);
+    let (system, destination) = match config.broker_protocol {
+        BrokerProtocol::Amqp091 => (MessagingSystem::RabbitMq, config.exchange.clone()),
+        BrokerProtocol::Amqp10 => (
+            MessagingSystem::Amqp10,
+            config.address.clone().unwrap_or_default(),
+        ),
+    };
+    let database = config
+        .db
+        .database
+        .url()
+        .parsed()
+        .map(|url| url.path().trim_start_matches('/').to_string())
+        .filter(|name| !name.is_empty());
+    let spans = BatchSpans::new(
+        provider.tracer("outbox-relay"),
+        &config.db.table.name.to_string(),
+        database.as_deref(),
+        &destination,
+        system,
+    );
+    Ok(Some((provider, spans)))
 }
 
 /// Starts `count` workers with the connector `context` holds: the one place that is generic
@@ -156,6 +212,7 @@ fn claim_database(config: &RelayConfig) -> (DatabaseTarget, PoolMode) {
 #[instrument(name = "relay", skip_all, fields(relay = %config.db.relay_name))]
 pub async fn run(
     config: RelayConfig,
+    otlp: Option<OtlpTarget>,
     metrics: Metrics,
     shutdown: CancellationToken,
     suspension: Suspension,
@@ -205,6 +262,7 @@ pub async fn run(
         source,
     })?;
 
+    let spans_export = batch_spans(&config, otlp.as_ref(), &metrics)?;
     let Some(shape) = inspect_with_retry(&config, &health, &metrics, &rate, &shutdown).await?
     else {
         http_stop.cancel();
@@ -241,6 +299,7 @@ pub async fn run(
             publish_slots: (config.inflight_batches > 0)
                 .then(|| Arc::new(Semaphore::new(config.inflight_batches))),
             commit_timeout: config.commit_timeout,
+            spans: spans_export.as_ref().map(|(_, spans)| spans.clone()),
         },
         poll_interval: config.poll_interval,
         metrics: metrics.clone(),
@@ -379,6 +438,10 @@ pub async fn run(
     http_stop.cancel();
     let _ = http.await;
     drop(wake_tx);
+    if let Some((provider, _)) = spans_export {
+        // The processor's thread sends them, and waits for this runtime to run its requests.
+        let _ = tokio::task::spawn_blocking(move || flush_and_stop(provider, SPANS_FLUSH)).await;
+    }
     match drained {
         Ok(()) => {
             info!("all batches settled; bye");

@@ -23,6 +23,7 @@ mod metrics_port;
 mod migration;
 mod mixed_versions;
 mod multi_host;
+mod otel_spans;
 mod per_key_ordering;
 mod pg_failover;
 mod pgbouncer;

@@ -75,6 +75,7 @@ fn settings(publish_slots: Option<Arc<Semaphore>>) -> BatchSettings {
         dead_letter_exchange: false,
         publish_slots,
         commit_timeout: outbox_relay::defaults::COMMIT_TIMEOUT,
+        spans: None,
     }
 }
 

@@ -95,6 +95,7 @@ async fn batch_of(
         dead_letter_exchange: false,
         publish_slots: None,
         commit_timeout: outbox_relay::defaults::COMMIT_TIMEOUT,
+        spans: None,
     };
     run_batch(
         conn,

@@ -28,7 +28,7 @@ const TRACESTATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
 /// A valid traceparent the headers column carries instead of the columns.
 const IN_HEADERS: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
-fn trace_table(name: &str) -> OutboxTable {
+pub(crate) fn trace_table(name: &str) -> OutboxTable {
     let mut table = db::table(name);
     table.columns.traceparent = Some(Ident::new("traceparent").unwrap());
     table.columns.tracestate = Some(Ident::new("tracestate").unwrap());
@@ -36,7 +36,7 @@ fn trace_table(name: &str) -> OutboxTable {
 }
 
 /// Gives every row a traceparent of its own (trace-id from its id) and the tracestate.
-async fn write_trace_context(conn: &mut PgConnection, table: &OutboxTable) {
+pub(crate) async fn write_trace_context(conn: &mut PgConnection, table: &OutboxTable) {
     let t = table.name.quoted();
     db::exec(
         conn,
@@ -49,7 +49,10 @@ async fn write_trace_context(conn: &mut PgConnection, table: &OutboxTable) {
 }
 
 /// Every row's id and traceparent.
-async fn traceparents(conn: &mut PgConnection, table: &OutboxTable) -> HashMap<Uuid, String> {
+pub(crate) async fn traceparents(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+) -> HashMap<Uuid, String> {
     sqlx::query_as::<_, (Uuid, Option<String>)>(sqlx::AssertSqlSafe(format!(
         "SELECT id, traceparent FROM {}",
         table.name.quoted()

@@ -7,4 +7,5 @@ mod lifecycle;
 mod oom_kills;
 mod scaling;
 mod scenario;
+mod spans;
 mod table_health;
