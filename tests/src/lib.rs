@@ -3,6 +3,7 @@
 
 pub mod amqp10;
 pub mod api_versions;
+pub mod artemis_pair;
 pub mod broker;
 pub mod chaos;
 pub mod cloudevents;

@@ -9,6 +9,7 @@
 //! each binary shares one control plane among its tests.
 
 mod amqp10_delivery;
+mod artemis_pair;
 mod bad_input;
 mod broker_cluster;
 mod chaos_tool;
