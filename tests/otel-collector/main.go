@@ -7,6 +7,7 @@
 package main
 
 import (
+	"context"
 	"log"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/fileexporter"
@@ -17,6 +18,9 @@ import (
 	"go.opentelemetry.io/collector/otelcol"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/otlpreceiver"
+	"go.opentelemetry.io/collector/service/telemetry"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // The version of the collector modules go.mod names (one release for all of them).
@@ -31,7 +35,31 @@ func components() (otelcol.Factories, error) {
 	if err != nil {
 		return otelcol.Factories{}, err
 	}
-	return otelcol.Factories{Receivers: receivers, Exporters: exporters}, nil
+	return otelcol.Factories{Receivers: receivers, Exporters: exporters, Telemetry: telemetryFactory()}, nil
+}
+
+// The collector's own telemetry, as the tests need it: its log on stderr (the test's log file),
+// and no metrics or traces of its own. The collector's standard telemetry factory
+// (otelconftelemetry) serves its metrics on port 8888 by default, where two tests' collectors
+// would collide, and brings in the cloud and Kubernetes resource detectors (client-go among
+// them), which would double the build. With this one the configuration has no
+// service::telemetry section (its config type has no fields).
+func telemetryFactory() telemetry.Factory {
+	return telemetry.NewFactory(
+		func() component.Config { return &struct{}{} },
+		telemetry.WithCreateLogger(func(_ context.Context, set telemetry.LoggerSettings, _ component.Config) (*zap.Logger, component.ShutdownFunc, error) {
+			config := zap.NewProductionConfig()
+			config.Encoding = "console"
+			config.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+			config.Sampling = nil // every line, however many: they explain a failing test
+			build := set.BuildZapLogger
+			if build == nil {
+				build = zap.Config.Build
+			}
+			logger, err := build(config)
+			return logger, nil, err
+		}),
+	)
 }
 
 func main() {
