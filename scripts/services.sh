@@ -28,6 +28,10 @@
 #                                     $HOME/.cache/outbox-relay/registry on 127.0.0.1:5050 (make dist's)
 #   scripts/services.sh stop-registry [DIR]
 #                                     stop the registry of DIR (its pid file), keeping what it stores
+#   scripts/services.sh otel-collector
+#                                     print the path of the tests' OpenTelemetry Collector (OTLP
+#                                     receiver, file exporter), building it once from
+#                                     tests/otel-collector/ into the cache; each test starts its own
 set -euo pipefail
 
 PGHOST=127.0.0.1
@@ -1439,7 +1443,59 @@ stop_registry() {
   rm -f "$dir/registry.pid"
 }
 
+# The OpenTelemetry Collector the span tests send to (tests/otel-collector/: the core OTLP
+# receiver and contrib's file exporter), built once with Go into the cache, keyed by everything
+# that decides the binary: the module's go.mod, go.sum and main.go, the Go version and the build
+# flags. Prints the binary's path on stdout (progress on stderr); a second call with the same
+# inputs answers at once. Nothing is started here: each test runs a collector of its own, on its
+# own port, writing to its own file (tests/src/otel_collector.rs).
+OTEL_COLLECTOR_LDFLAGS="-s -w"
+say() { echo "otel-collector: $*" >&2; }
+otel_collector() {
+  local src need_go have_go key cache out start
+  src="$(cd "$(dirname "$0")/.." && pwd)/tests/otel-collector"
+  need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$src/go.mod")
+  if ! command -v go >/dev/null; then
+    say "building the OpenTelemetry Collector needs Go >= $need_go: install Go $need_go or newer (.ci/run installs it)"
+    exit 1
+  fi
+  have_go=$(go env GOVERSION | sed 's/^go//')
+  if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -1)" != "$need_go" ]; then
+    say "building the OpenTelemetry Collector needs Go >= $need_go; this machine has $have_go"
+    exit 1
+  fi
+  key=$( { cat "$src/go.mod" "$src/go.sum" "$src/main.go"; go env GOVERSION; echo "$OTEL_COLLECTOR_LDFLAGS"; } \
+    | sha256sum | cut -c1-16)
+  cache="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}"
+  out="$cache/otel-collector-$key"
+  if [ -x "$out/outbox-otelcol" ]; then
+    echo "$out/outbox-otelcol"
+    return 0
+  fi
+  # Several callers may ask at once (make test's first step, tests side by side): one builds,
+  # the others wait for it and then find it built. The lock is a descriptor of this short-lived
+  # script, gone when it exits.
+  mkdir -p "$cache"
+  exec 9>"$cache/.otel-collector.lock"
+  flock 9
+  if [ ! -x "$out/outbox-otelcol" ]; then
+    say "building it with Go $have_go into $out (first build: several minutes on 2 cores)"
+    start=$SECONDS
+    rm -rf "$out.tmp"
+    mkdir -p "$out.tmp"
+    # Static (no cgo), no build paths or VCS stamp in it: the same inputs give the same binary.
+    (cd "$src" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
+      -ldflags "$OTEL_COLLECTOR_LDFLAGS" -o "$out.tmp/outbox-otelcol" . >&2)
+    rm -rf "$out"
+    mv "$out.tmp" "$out"
+    say "built in $((SECONDS - start)) s"
+  fi
+  exec 9>&-
+  echo "$out/outbox-otelcol"
+}
+
 case "${1:-}" in
+  otel-collector) otel_collector; exit 0 ;;
   registry) start_registry "${2:-$registry_dir_default}" "${3:-$REGISTRY_PORT}" "${4:-127.0.0.1}"; exit 0 ;;
   stop-registry) stop_registry "${2:-$registry_dir_default}"; exit 0 ;;
 esac
@@ -1463,7 +1519,7 @@ case "${1:-}" in
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
   artemis-pair | artemis-pair-*) artemis_pair_command "$@"; exit 0 ;;
   standby-pair | standby-pair-*) standby_pair_command "$@"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR]]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two

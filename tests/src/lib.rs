@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod node;
 pub mod oci;
 pub mod ordering;
+pub mod otel_collector;
 pub mod pods;
 pub mod previous_release;
 pub mod process;

@@ -15,6 +15,7 @@ mod broker_cluster;
 mod chaos_tool;
 mod claim_seek;
 mod cli;
+mod collector;
 mod dead_letters;
 mod exchange_not_found;
 mod hostile_rows;
