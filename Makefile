@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release dist release-tools previous-release
+.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release dist release-tools previous-release otel-collector
 
 all: build
 
@@ -76,10 +76,11 @@ demo:
 ## (downloads, on a fresh machine), and lint with the release build of every test target. The Go
 ## and Rust builds fill each other's idle core; the downloads cost no CPU. Their lines interleave
 ## (make's --output-sync would hold a build's lines back until it ends, minutes later). The
-## release tools (cosign, cargo-cyclonedx; built once, cached) take the first free slot, which
-## is usually the downloads': built here, not by the first test that runs make dist.
+## release tools (cosign, cargo-cyclonedx) and the OpenTelemetry Collector the span tests send
+## to (each built once, cached) take the first free slots, which are usually the downloads':
+## built here, not by the first test that runs make dist or starts a collector.
 test: node-check
-	@$(MAKE) --no-print-directory -j3 control-plane test-servers test-builds release-tools
+	@$(MAKE) --no-print-directory -j3 control-plane test-servers test-builds release-tools otel-collector
 	@$(MAKE) --no-print-directory test-rust chart-check docs-check bench-smoke chaos-smoke fuzz SMOKE_BINARIES=test-rust
 
 ## test-servers: the servers and every tool the tests use, one after another (apt runs one at a time).
@@ -101,6 +102,13 @@ test-builds: lint
 control-plane:
 	@./tests/control-plane/build.sh >/dev/null
 	@./tests/control-plane/build.sh tests/control-plane/oldest >/dev/null
+
+## otel-collector: the OpenTelemetry Collector the span tests send to (tests/otel-collector/:
+## the OTLP receiver and the file exporter, from the Go module proxy); built once, cached under
+## ~/.cache/outbox-relay/otel-collector-<hash of its inputs and the Go version>/. Each test
+## starts its own (tests/src/otel_collector.rs).
+otel-collector:
+	@./scripts/services.sh otel-collector >/dev/null
 
 ## test-rust: the test targets' release build, then every test of the workspace
 ## (scripts/test-suite.py): the end-to-end binaries, which mostly wait, side by side; then the

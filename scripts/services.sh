@@ -15,6 +15,9 @@
 #                                     on 127.0.0.1:PORT, for a test that restarts its own broker
 #   scripts/services.sh stop-artemis-instance DIR [--kill]
 #                                     stop it (with --kill: SIGKILL, as a crash)
+#   scripts/services.sh artemis-pair DIR PRIMARY_PORT BACKUP_PORT (and artemis-pair-stop, -drop):
+#                                     an Artemis primary/backup pair on a shared store of one
+#                                     test's own (see artemis_pair below)
 #   scripts/services.sh standby-pair DIR PRIMARY_PORT STANDBY_PORT (and standby-pair-stop, -start,
 #                                     -promote, -rejoin, -drop): a PostgreSQL primary and synchronous standby
 #                                     of one test's own (see standby_pair below)
@@ -25,6 +28,10 @@
 #                                     $HOME/.cache/outbox-relay/registry on 127.0.0.1:5050 (make dist's)
 #   scripts/services.sh stop-registry [DIR]
 #                                     stop the registry of DIR (its pid file), keeping what it stores
+#   scripts/services.sh otel-collector
+#                                     print the path of the tests' OpenTelemetry Collector (OTLP
+#                                     receiver, file exporter), building it once from
+#                                     tests/otel-collector/ into the cache; each test starts its own
 set -euo pipefail
 
 PGHOST=127.0.0.1
@@ -823,6 +830,16 @@ stop_artemis() {
   rm -f "$artemis_pidfile"
 }
 
+# Starts the broker instance DIR in a session of its own (so that it outlives this script),
+# its console in DIR/log/console.log; the pid file is DIR/data/artemis.pid.
+launch_artemis() {
+  local dir=$1
+  mkdir -p "$dir/data" "$dir/log"
+  # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
+  setsid bash -c 'echo $$ >"$1"; exec "$2/bin/artemis" run' _ "$dir/data/artemis.pid" "$dir" \
+    >"$dir/log/console.log" 2>&1 </dev/null &
+}
+
 # A private broker: its own instance, AMQP 1.0 on PORT and its core acceptor on PORT+1000,
 # started in a session of its own; the pid file is DIR/data/artemis.pid.
 start_private_artemis() {
@@ -846,12 +863,7 @@ start_private_artemis() {
     grep -q "127.0.0.1:$port?" "$dir/etc/broker.xml" || { echo "could not configure $dir/etc/broker.xml" >&2; exit 1; }
     touch "$dir/.outbox-relay"
   fi
-  if ! amqp10_up 127.0.0.1 "$port"; then
-    mkdir -p "$dir/data" "$dir/log"
-    # shellcheck disable=SC2016 # $$ and $1 belong to the inner shell
-    setsid bash -c 'echo $$ >"$1"; exec "$2/bin/artemis" run' _ "$dir/data/artemis.pid" "$dir" \
-      >"$dir/log/console.log" 2>&1 </dev/null &
-  fi
+  amqp10_up 127.0.0.1 "$port" || launch_artemis "$dir"
   local second
   for second in $(seq 1 90); do
     amqp10_up 127.0.0.1 "$port" && return 0
@@ -868,9 +880,116 @@ stop_private_artemis() {
   pid=$(cat "$dir/data/artemis.pid" 2>/dev/null) || return 0
   tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF "$dir" || { rm -f "$dir/data/artemis.pid"; return 0; }
   kill "-$signal" "$pid"
-  for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  # Polled finely: a failover test times from the kill, and a SIGKILLed broker is gone at once.
+  for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   kill -9 "$pid" 2>/dev/null || true
   rm -f "$dir/data/artemis.pid"
+}
+
+# An ActiveMQ Artemis primary/backup pair of one test's own, on a shared store (issue 44):
+#   scripts/services.sh artemis-pair DIR PRIMARY_PORT BACKUP_PORT
+#       makes (once; kept for the next run) the instances DIR/primary and DIR/backup, both with
+#       their journal in DIR/shared, and starts them fresh (the journal emptied): the primary
+#       answers AMQP 1.0 on 127.0.0.1:PRIMARY_PORT; the backup takes the backup lock and waits.
+#       A waiting backup does not listen at all (its acceptors start when it activates): a
+#       connect to BACKUP_PORT is refused until the primary is gone. The backup activates when
+#       it gets the primary's lock on the journal: at once when the primary dies (the kernel
+#       drops a dead process's file locks), and on a graceful stop because both are made with
+#       failover-on-shutdown (without it a stopping primary leaves the store "paused" and the
+#       backup keeps waiting).
+#   scripts/services.sh artemis-pair-stop DIR primary|backup [--kill]
+#       stops one member (SIGTERM: a graceful shutdown; with --kill: SIGKILL, as a crash)
+#   scripts/services.sh artemis-pair-drop DIR
+#       SIGKILLs both and empties the journal (the instances stay, for the next pair)
+# Each member has a core acceptor on its port + 1000, for the cluster connection that pairs
+# them (static connectors to each other: artemis create --shared-store implies a cluster, by
+# default found by UDP multicast, which would join every pair on this machine into one).
+ARTEMIS_PAIR_VERSION=1 # bumped when the set-up below changes: the instances are then made again
+
+# create_pair_member DIR ROLE PORT OTHER_PORT SHARED: the instance of one member.
+create_pair_member() {
+  local dir=$1 role=$2 port=$3 other=$4 shared=$5
+  local marker="pair-$ARTEMIS_PAIR_VERSION $role $port $other $shared" backup=() xml="$1/etc/broker.xml"
+  [ "$(cat "$dir/.outbox-relay" 2>/dev/null)" = "$marker" ] && return 0
+  [ "$role" = backup ] && backup=(--backup)
+  echo "creating the Artemis $role instance $dir"
+  rm -rf "$dir"
+  mkdir -p "$(dirname "$dir")"
+  if ! "$artemis_home/bin/artemis" create --silent --user outbox --password outbox --allow-anonymous \
+    --host 127.0.0.1 --name "outbox-pair-$role" --mapped --no-fsync --java-memory 128M --no-web --no-autotune \
+    --no-hornetq-acceptor --no-mqtt-acceptor --no-stomp-acceptor \
+    --shared-store "${backup[@]}" --failover-on-shutdown --data "$shared" \
+    --default-port $((port + 1000)) --static-cluster "tcp://127.0.0.1:$((other + 1000))" \
+    --cluster-user outbox-cluster --cluster-password outbox-cluster "$dir" >"$dir.create.log" 2>&1; then
+    tail -n 20 "$dir.create.log" >&2; echo "artemis create failed (log: $dir.create.log)" >&2; exit 1
+  fi
+  # AMQP 1.0 alone on PORT, the core protocol alone on PORT+1000; as on the tests' broker, no
+  # halt on a slow machine and no blocked producers on a nearly full disk.
+  sed -i \
+    -e "/<acceptor name=\"amqp\">/s|tcp://127.0.0.1:5672?|tcp://127.0.0.1:$port?|" \
+    -e '/<acceptor name="artemis">/s|protocols=[A-Z,]*|protocols=CORE|' \
+    -e 's|<critical-analyzer-policy>HALT<|<critical-analyzer-policy>LOG<|' \
+    -e 's|<max-disk-usage>90<|<max-disk-usage>-1<|' \
+    "$xml"
+  sed -i 's|-Xms512M|-Xms64M|' "$dir/etc/artemis.profile"
+  if ! grep -q "\"amqp\">tcp://127.0.0.1:$port?" "$xml" || ! grep -q "\"artemis\">tcp://127.0.0.1:$((port + 1000))?" "$xml" \
+    || ! grep -q "tcp://127.0.0.1:$((other + 1000))<" "$xml" || ! grep -q "<$role>" "$xml" \
+    || ! grep -q '<failover-on-shutdown>true<' "$xml" || ! grep -q "<journal-directory>$shared/journal<" "$xml"; then
+    echo "could not configure $xml" >&2; exit 1
+  fi
+  echo "$marker" >"$dir/.outbox-relay"
+}
+
+artemis_pair_drop() {
+  local pair=$1
+  stop_private_artemis "$pair/backup" --kill
+  stop_private_artemis "$pair/primary" --kill
+  rm -rf "$pair/shared"
+}
+
+artemis_pair() {
+  local pair=$1 primary_port=$2 backup_port=$3 second pid
+  case "$primary_port:$backup_port" in *[!0-9:]* | :* | *:) echo "artemis-pair: the ports must be numbers" >&2; exit 2 ;; esac
+  install_artemis
+  artemis_pair_drop "$pair"
+  create_pair_member "$pair/primary" primary "$primary_port" "$backup_port" "$pair/shared"
+  create_pair_member "$pair/backup" backup "$backup_port" "$primary_port" "$pair/shared"
+  mkdir -p "$pair/shared"
+  launch_artemis "$pair/primary"
+  for second in $(seq 1 90); do
+    amqp10_up 127.0.0.1 "$primary_port" && break
+    pid=$(cat "$pair/primary/data/artemis.pid" 2>/dev/null || echo 0)
+    if [ "$second" = 90 ] || { [ "$second" -gt 2 ] && ! kill -0 "$pid" 2>/dev/null; }; then
+      tail -n 30 "$pair/primary/log/console.log" >&2 || true
+      echo "the Artemis primary in $pair/primary did not answer on 127.0.0.1:$primary_port" >&2; exit 1
+    fi
+    sleep 1
+  done
+  # Started second, so that the primary holds the store: the backup then says it waits.
+  launch_artemis "$pair/backup"
+  for second in $(seq 1 90); do
+    grep -q AMQ221109 "$pair/backup/log/console.log" 2>/dev/null && return 0
+    pid=$(cat "$pair/backup/data/artemis.pid" 2>/dev/null || echo 0)
+    [ "$second" -gt 2 ] && ! kill -0 "$pid" 2>/dev/null && break
+    sleep 1
+  done
+  tail -n 30 "$pair/backup/log/console.log" >&2 || true
+  echo "the Artemis backup in $pair/backup did not start waiting for its primary (AMQ221109)" >&2; exit 1
+}
+
+artemis_pair_command() {
+  local pair
+  # The absolute path, as the members' command lines carry it (stop_private_artemis checks).
+  mkdir -p "${2:?DIR}"
+  pair=$(cd "$2" && pwd)
+  case "$1" in
+    artemis-pair) artemis_pair "$pair" "${3:?PRIMARY_PORT}" "${4:?BACKUP_PORT}" ;;
+    artemis-pair-stop)
+      case "${3:-}" in primary | backup) ;; *) echo "usage: $0 artemis-pair-stop DIR primary|backup [--kill]" >&2; exit 2 ;; esac
+      stop_private_artemis "$pair/$3" "${4:-}" ;;
+    artemis-pair-drop) artemis_pair_drop "$pair" ;;
+    *) echo "unknown command $1" >&2; exit 2 ;;
+  esac
 }
 
 # A three-node RabbitMQ cluster beside the tests' broker, for the tests of a broker node list and
@@ -1324,7 +1443,59 @@ stop_registry() {
   rm -f "$dir/registry.pid"
 }
 
+# The OpenTelemetry Collector the span tests send to (tests/otel-collector/: the core OTLP
+# receiver and contrib's file exporter), built once with Go into the cache, keyed by everything
+# that decides the binary: the module's go.mod, go.sum and main.go, the Go version and the build
+# flags. Prints the binary's path on stdout (progress on stderr); a second call with the same
+# inputs answers at once. Nothing is started here: each test runs a collector of its own, on its
+# own port, writing to its own file (tests/src/otel_collector.rs).
+OTEL_COLLECTOR_LDFLAGS="-s -w"
+say() { echo "otel-collector: $*" >&2; }
+otel_collector() {
+  local src need_go have_go key cache out start
+  src="$(cd "$(dirname "$0")/.." && pwd)/tests/otel-collector"
+  need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$src/go.mod")
+  if ! command -v go >/dev/null; then
+    say "building the OpenTelemetry Collector needs Go >= $need_go: install Go $need_go or newer (.ci/run installs it)"
+    exit 1
+  fi
+  have_go=$(go env GOVERSION | sed 's/^go//')
+  if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -1)" != "$need_go" ]; then
+    say "building the OpenTelemetry Collector needs Go >= $need_go; this machine has $have_go"
+    exit 1
+  fi
+  key=$( { cat "$src/go.mod" "$src/go.sum" "$src/main.go"; go env GOVERSION; echo "$OTEL_COLLECTOR_LDFLAGS"; } \
+    | sha256sum | cut -c1-16)
+  cache="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}"
+  out="$cache/otel-collector-$key"
+  if [ -x "$out/outbox-otelcol" ]; then
+    echo "$out/outbox-otelcol"
+    return 0
+  fi
+  # Several callers may ask at once (make test's first step, tests side by side): one builds,
+  # the others wait for it and then find it built. The lock is a descriptor of this short-lived
+  # script, gone when it exits.
+  mkdir -p "$cache"
+  exec 9>"$cache/.otel-collector.lock"
+  flock 9
+  if [ ! -x "$out/outbox-otelcol" ]; then
+    say "building it with Go $have_go into $out (first build: several minutes on 2 cores)"
+    start=$SECONDS
+    rm -rf "$out.tmp"
+    mkdir -p "$out.tmp"
+    # Static (no cgo), no build paths or VCS stamp in it: the same inputs give the same binary.
+    (cd "$src" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
+      -ldflags "$OTEL_COLLECTOR_LDFLAGS" -o "$out.tmp/outbox-otelcol" . >&2)
+    rm -rf "$out"
+    mv "$out.tmp" "$out"
+    say "built in $((SECONDS - start)) s"
+  fi
+  exec 9>&-
+  echo "$out/outbox-otelcol"
+}
+
 case "${1:-}" in
+  otel-collector) otel_collector; exit 0 ;;
   registry) start_registry "${2:-$registry_dir_default}" "${3:-$REGISTRY_PORT}" "${4:-127.0.0.1}"; exit 0 ;;
   stop-registry) stop_registry "${2:-$registry_dir_default}"; exit 0 ;;
 esac
@@ -1346,8 +1517,9 @@ case "${1:-}" in
   stop-artemis) stop_artemis; exit 0 ;;
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
+  artemis-pair | artemis-pair-*) artemis_pair_command "$@"; exit 0 ;;
   standby-pair | standby-pair-*) standby_pair_command "$@"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR]]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two

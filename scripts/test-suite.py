@@ -55,8 +55,9 @@ WAITING = {
     "real_node": 8,
 }
 # The modules of the services binary that start their own servers (a RabbitMQ cluster, PostgreSQL
-# standby pairs) and fail them over: run as a job of their own (see plan()).
-FAILOVER = ["broker_cluster", "pg_failover"]
+# standby pairs, Artemis primary/backup pairs) and fail them over: run as a job of their own
+# (see plan()).
+FAILOVER = ["artemis_pair", "broker_cluster", "pg_failover"]
 RELEASE = [CARGO, "test", "--release"]
 THREADS = ["--", "--test-threads=4"]
 # The operator's database tests run a second time against this database, which they must leave

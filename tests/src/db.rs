@@ -1,7 +1,9 @@
 //! A test's own outbox table on the real PostgreSQL.
 
+use std::time::Duration;
+
 use outbox_relay::table::OutboxTable;
-use outbox_relay::table::ident::TableName;
+use outbox_relay::table::ident::{Ident, TableName};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 pub async fn connect() -> PgConnection {
@@ -56,6 +58,44 @@ async fn seed_on(mut conn: PgConnection, table: &OutboxTable, rows: u64) -> PgCo
 
 pub fn table(name: &str) -> OutboxTable {
     OutboxTable::new(TableName::parse(name).expect("valid test table name"))
+}
+
+/// A table with the attempts column `attempts`, seeded with `rows`: with `--max-attempts 1` a
+/// broker's state counted as the message's fault would dead-letter at once.
+pub async fn attempts_table(name: &str, rows: u64) -> (OutboxTable, PgConnection) {
+    let mut table = table(name);
+    table.columns.attempts = Some(Ident::new("attempts").expect("a valid column name"));
+    let conn = seeded_table(&table, rows).await;
+    (table, conn)
+}
+
+/// Rows of an [`attempts_table`] with an error or a spent attempt: refused or dead-lettered.
+pub async fn refused_rows(conn: &mut PgConnection, table: &OutboxTable) -> i64 {
+    let t = table.name.quoted();
+    scalar_i64(
+        conn,
+        &format!("SELECT count(*) FROM {t} WHERE error IS NOT NULL OR attempts <> 0"),
+    )
+    .await
+}
+
+/// The longest pause between two batches settling, for a fault no consumer watched throughout
+/// (a broker failover, where the consumer can only attach afterwards). The relay marks a
+/// batch's rows with its transaction's start, so this is the time between the last claim that
+/// settled before the fault and the first that settled after it.
+pub async fn longest_settling_gap(conn: &mut PgConnection, table: &OutboxTable) -> Duration {
+    let (t, processed) = (table.name.quoted(), table.columns.processed_at.quoted());
+    let sql = format!(
+        "SELECT coalesce(max(gap), 0)::float8 FROM (
+           SELECT extract(epoch FROM mark - lag(mark) OVER (ORDER BY mark)) AS gap
+             FROM (SELECT DISTINCT {processed} AS mark FROM {t} WHERE {processed} IS NOT NULL) marks
+         ) gaps"
+    );
+    let seconds: f64 = sqlx::query_scalar(AssertSqlSafe(sql.clone()))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    Duration::from_secs_f64(seconds)
 }
 
 /// Pending rows (processed-at NULL).

@@ -1,4 +1,4 @@
-//! Talking to a relay's HTTP endpoints from a test.
+//! Talking to HTTP endpoints from a test: a relay's, the OpenTelemetry Collector's.
 
 /// The address a relay logged for its HTTP server (`serving /metrics … addr=…`).
 pub fn metrics_addr(log: &str) -> Option<String> {
@@ -15,16 +15,33 @@ pub fn metrics_addr(log: &str) -> Option<String> {
 
 /// A plain HTTP/1.1 GET; returns the status code and the whole response text.
 pub async fn get(addr: &str, path: &str) -> (u16, String) {
+    request(
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n").into_bytes(),
+    )
+    .await
+}
+
+/// A plain HTTP/1.1 POST of `body` as `content_type`; returns the status code and the whole
+/// response text.
+pub async fn post(addr: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, String) {
+    let mut message = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    message.extend_from_slice(body);
+    request(addr, message).await
+}
+
+/// Sends `message` (a whole request) on a new connection and reads the response to its end.
+async fn request(addr: &str, message: Vec<u8>) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
-        .expect("connect to the relay");
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .expect("send request");
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    stream.write_all(&message).await.expect("send request");
     let mut text = String::new();
     stream
         .read_to_string(&mut text)

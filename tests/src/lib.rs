@@ -3,6 +3,7 @@
 
 pub mod amqp10;
 pub mod api_versions;
+pub mod artemis_pair;
 pub mod broker;
 pub mod chaos;
 pub mod cloudevents;
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod node;
 pub mod oci;
 pub mod ordering;
+pub mod otel_collector;
 pub mod pods;
 pub mod previous_release;
 pub mod process;

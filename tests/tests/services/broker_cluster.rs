@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use outbox_relay::table::OutboxTable;
-use outbox_relay::table::ident::Ident;
+use outbox_tests::db::{attempts_table, refused_rows};
 use outbox_tests::process::RelayProcess;
 use outbox_tests::rabbit_cluster::{
     Lease, PORTS, all_nodes, await_new_leader, declare, declare_exchange, declare_quorum,
@@ -25,14 +25,6 @@ use sqlx::PgConnection;
 
 const BATCH: u64 = 200;
 const WORKERS: u64 = 2;
-
-/// A table with the attempts column, seeded with `rows`.
-async fn attempts_table(name: &str, rows: u64) -> (OutboxTable, PgConnection) {
-    let mut table = db::table(name);
-    table.columns.attempts = Some(Ident::new("attempts").unwrap());
-    let conn = db::seeded_table(&table, rows).await;
-    (table, conn)
-}
 
 /// `run` arguments for a relay on the cluster's quorum queue: any refusal dead-letters at once.
 fn cluster_args<'a>(name: &'a str, urls: &'a str, batch: &'a str) -> Vec<&'a str> {
@@ -82,16 +74,6 @@ async fn relay_node(relay: &RelayProcess) -> usize {
 
 async fn processed(conn: &mut PgConnection, table: &OutboxTable) -> usize {
     db::processed_ids(conn, table).await.len()
-}
-
-/// Rows with an error or a spent attempt: a nack counted as the message's fault.
-async fn refused_rows(conn: &mut PgConnection, table: &OutboxTable) -> i64 {
-    let t = table.name.quoted();
-    db::scalar_i64(
-        conn,
-        &format!("SELECT count(*) FROM {t} WHERE error IS NOT NULL OR attempts <> 0"),
-    )
-    .await
 }
 
 /// Messages the relay sent without a confirm (timed out, nacked, cut off): what may arrive

@@ -9,11 +9,13 @@
 //! each binary shares one control plane among its tests.
 
 mod amqp10_delivery;
+mod artemis_pair;
 mod bad_input;
 mod broker_cluster;
 mod chaos_tool;
 mod claim_seek;
 mod cli;
+mod collector;
 mod dead_letters;
 mod exchange_not_found;
 mod hostile_rows;

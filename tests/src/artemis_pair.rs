@@ -1,0 +1,178 @@
+//! An ActiveMQ Artemis primary/backup pair on a shared store, of one test's own, made by
+//! `scripts/services.sh artemis-pair` (issue 44: a relay's broker list naming an AMQP 1.0
+//! failover pair). The primary answers AMQP 1.0; the backup does not listen until it has taken
+//! the journal's lock from a primary that died or stopped. Dropped, both are killed and the
+//! journal emptied; the instances stay in the cache for the next pair.
+//!
+//! Each pair takes a slot: two ports (and their core ports, 1000 above) and a folder of its
+//! own, held by a lock file while the pair lives, so tests (and other test processes) run
+//! pairs side by side.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::services::script;
+
+/// The first port of the slots: the pairs take 5786–5793 (core 6786–6793), beside every server
+/// `scripts/services.sh` starts (5671–5675), the private Artemis of amqp10_delivery (5677) and
+/// the RabbitMQ cluster (5782–5784).
+const FIRST_PORT: u16 = 5786;
+/// Slots of two ports each.
+const SLOTS: u16 = 4;
+
+/// One member of the pair, by the role it was made with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Member {
+    Primary,
+    Backup,
+}
+
+impl Member {
+    pub fn name(self) -> &'static str {
+        match self {
+            Member::Primary => "primary",
+            Member::Backup => "backup",
+        }
+    }
+}
+
+pub struct ArtemisPair {
+    dir: PathBuf,
+    pub primary_port: u16,
+    pub backup_port: u16,
+    /// The slot's lock: held (open, locked) as long as the pair lives.
+    _slot: std::fs::File,
+}
+
+/// Where the slots live: in the cache, so that each slot's instances (made by `artemis create`,
+/// seconds of Java) serve every later run.
+fn base_dir() -> PathBuf {
+    crate::cache_dir().join("artemis/pairs")
+}
+
+/// True when nothing listens on 127.0.0.1:`port` now.
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+impl ArtemisPair {
+    /// A fresh pair in a free slot: the primary answering AMQP 1.0 with an empty journal, the
+    /// backup waiting for it. Whatever an earlier run left in the slot is killed first.
+    pub async fn start() -> Self {
+        std::fs::create_dir_all(base_dir()).expect("the Artemis pairs' folder");
+        for slot in 0..SLOTS {
+            let path = base_dir().join(format!("slot-{slot}.lock"));
+            let Some(lock) = crate::lock_file::lock(&path, false) else {
+                continue;
+            };
+            let primary_port = FIRST_PORT + 2 * slot;
+            let pair = Self {
+                dir: base_dir().join(format!("slot-{slot}")),
+                primary_port,
+                backup_port: primary_port + 1,
+                _slot: lock,
+            };
+            let dir = pair.dir_str().to_string();
+            script(&["artemis-pair-drop", &dir])
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            // A port some other program holds: leave this slot to it.
+            let ports = [primary_port, primary_port + 1];
+            if !ports.iter().all(|&p| port_free(p) && port_free(p + 1000)) {
+                continue;
+            }
+            let (p, b) = (pair.primary_port.to_string(), pair.backup_port.to_string());
+            script(&["artemis-pair", &dir, &p, &b])
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            return pair;
+        }
+        panic!(
+            "no free Artemis pair slot: ports {FIRST_PORT}-{} are all taken",
+            FIRST_PORT + 2 * SLOTS - 1
+        )
+    }
+
+    fn dir_str(&self) -> &str {
+        self.dir.to_str().expect("a UTF-8 cache folder")
+    }
+
+    pub fn port(&self, member: Member) -> u16 {
+        match member {
+            Member::Primary => self.primary_port,
+            Member::Backup => self.backup_port,
+        }
+    }
+
+    /// `member`'s AMQP 1.0 URL (the user every test broker has).
+    pub fn url(&self, member: Member) -> String {
+        format!("amqp://outbox:outbox@127.0.0.1:{}", self.port(member))
+    }
+
+    /// The relay's `--broker-url` for the pair: the primary, then the backup.
+    pub fn broker_list(&self) -> String {
+        format!("{},{}", self.url(Member::Primary), self.url(Member::Backup))
+    }
+
+    /// Whether `member` takes TCP connections now (a waiting backup does not: it has no
+    /// acceptor until it activates).
+    pub async fn listening(&self, member: Member) -> bool {
+        tokio::net::TcpStream::connect(("127.0.0.1", self.port(member)))
+            .await
+            .is_ok()
+    }
+
+    /// SIGKILL: `member` dies as in a crash; its lock on the journal goes with it.
+    pub async fn kill(&self, member: Member) {
+        self.stop_with(member, &["--kill"]).await;
+    }
+
+    /// SIGTERM: a graceful shutdown, which hands the journal over (failover-on-shutdown).
+    pub async fn stop(&self, member: Member) {
+        self.stop_with(member, &[]).await;
+    }
+
+    async fn stop_with(&self, member: Member, extra: &[&str]) {
+        let mut args = vec!["artemis-pair-stop", self.dir_str(), member.name()];
+        args.extend_from_slice(extra);
+        script(&args).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Waits until `member` takes connections; how long that took from `since`. Panics after
+    /// `limit`, with its log.
+    pub async fn await_listening(
+        &self,
+        member: Member,
+        since: Instant,
+        limit: Duration,
+    ) -> Duration {
+        let up = crate::wait::holds(
+            &format!("the Artemis {} listens", member.name()),
+            limit,
+            || self.listening(member),
+        )
+        .await;
+        assert!(up, "{}", self.log(member));
+        since.elapsed()
+    }
+
+    /// `member`'s console log (to show when a test fails).
+    pub fn log(&self, member: Member) -> String {
+        let path = self.dir.join(member.name()).join("log/console.log");
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+}
+
+impl Drop for ArtemisPair {
+    fn drop(&mut self) {
+        // Blocking on purpose: a Drop cannot await, and the brokers must be gone before the
+        // slot's lock is (the next pair in the slot would find them on its ports).
+        let status = std::process::Command::new(crate::repo_root().join("scripts/services.sh"))
+            .args(["artemis-pair-drop", self.dir_str()])
+            .stdin(std::process::Stdio::null())
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("could not stop the Artemis pair in {}", self.dir.display());
+        }
+    }
+}
