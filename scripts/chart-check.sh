@@ -427,6 +427,8 @@ def chart_default(path):
                 operator_rbac(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")))
     check_crd_rbac(p, docs, cluster_wide=True)
     attempt(f"{p}: --manage-crd=true", lambda: "--manage-crd=true" in c["args"] or c["args"])
+    attempt(f"{p}: no OTEL_* variable without tracing.otlpEndpoint",
+            lambda: not [e["name"] for e in c.get("env", []) if e["name"].startswith("OTEL_")] or c.get("env"))
     attempt(f"{p}: no ServiceMonitor, PrometheusRule or dashboard ConfigMap unless enabled",
             lambda: not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "PrometheusRule")
             and not by_kind(docs, "ConfigMap") or kinds)
@@ -455,7 +457,7 @@ def chart_ci(path, values_path):
         assert op["podSelector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
         assert [port["port"] for rule in op["ingress"] for port in rule["ports"]] == [8080], op["ingress"]
         egress_ports = sorted({port["port"] for rule in op["egress"] for port in rule["ports"]})
-        assert egress_ports == [53, 443, 5432, 6432, 6443], egress_ports
+        assert egress_ports == [53, 443, 4318, 5432, 6432, 6443], egress_ports
         assert sorted(n["metadata"]["namespace"] for n in relays) == sorted(namespaces), relays
         for relay in relays:
             spec = relay["spec"]
@@ -464,8 +466,35 @@ def chart_ci(path, values_path):
             assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "outbox-relay", spec
         return True
 
-    attempt(f"{p}: NetworkPolicies: the operator takes its metrics port and reaches DNS, the API server and the databases only; relay pods in each watched namespace take their metrics port only",
+    attempt(f"{p}: NetworkPolicies: the operator takes its metrics port and reaches DNS, the API server, the databases and the OTLP endpoint's port only; relay pods in each watched namespace take their metrics port only",
             network_policies)
+
+    def otlp_env():
+        tracing = values["tracing"]
+        env = c.get("env", [])
+        names = [e["name"] for e in env]
+        by_name = {e["name"]: e for e in env}
+        expected = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": tracing["otlpEndpoint"],
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_TRACES_SAMPLER": "traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": str(tracing["sampleRatio"]),
+            "OTEL_RESOURCE_ATTRIBUTES": "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME),"
+                                        f"k8s.deployment.name={d['metadata']['name']}",
+        }
+        wrong = {k: by_name.get(k, {}).get("value") for k, v in expected.items() if by_name.get(k, {}).get("value") != v}
+        assert not wrong, f"expected {expected}, got {wrong}"
+        headers = by_name["OTEL_EXPORTER_OTLP_HEADERS"]
+        assert "value" not in headers, "the headers must come from the Secret, never by value"
+        assert headers["valueFrom"]["secretKeyRef"] == tracing["headersSecret"], headers
+        # The kubelet expands $(POD_NAME) only for a variable defined before the reference.
+        assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES"), names
+        assert names.index("POD_NAMESPACE") < names.index("OTEL_RESOURCE_ATTRIBUTES"), names
+        assert "OTEL_SERVICE_NAME" not in names, "the service name is the binary's default"
+        return True
+
+    attempt(f"{p}: tracing.* become the OTEL_* variables (endpoint, http/protobuf, traceidratio, "
+            "headers from their Secret, k8s resource attributes)", otlp_env)
     attempt(f"{p}: one --namespace flag per watched namespace",
             lambda: [a.split("=", 1)[1] for a in c["args"] if a.startswith("--namespace=")] == namespaces or c["args"])
     attempt(f"{p}: no cluster-wide RBAC when namespaced but the CRD's",
@@ -1006,6 +1035,12 @@ check_fails "helm lint rejects watchNamespaces given as a string" \
     "watchNamespaces.*(want array|expected array)" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/bad-namespace.yaml"
 check_fails "helm lint rejects prometheusRule.enabled: \"yes\"" \
     "prometheusRule.enabled.*(want boolean|expected boolean)" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/prometheusrule-enabled-string.yaml"
+check_fails "helm lint rejects a tracing.otlpEndpoint that is not an http(s) URL" \
+    "tracing.otlpEndpoint.*(does not match|pattern)" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/tracing-endpoint-not-http.yaml"
+check_fails "helm lint rejects tracing.sampleRatio: 10" \
+    "tracing.sampleRatio.*(maximum|less than or equal)" "$HELM" lint --strict "$CHART" -f "$CHART/ci/invalid/tracing-ratio-above-one.yaml"
+check_fails "helm template refuses tracing.sampleRatio without tracing.otlpEndpoint, naming both" \
+    "tracing.sampleRatio.*need tracing.otlpEndpoint" "$HELM" template $RELEASE "$CHART" -n $RELEASE_NS -f "$CHART/ci/invalid/tracing-ratio-without-endpoint.yaml"
 
 DEFAULT_OUT="$WORK/chart-default.yaml"
 CI_OUT="$WORK/chart-ci.yaml"

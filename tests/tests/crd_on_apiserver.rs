@@ -133,6 +133,17 @@ fn kubectl_explain_prints_the_field_docs() {
         .kubectl_ok(&["explain", "outboxrelays.spec.broker.passwordSecretRef"])
         .unwrap();
     assert!(text.contains("mounted as a file"), "{text}");
+    let text = plane
+        .kubectl_ok(&["explain", "outboxrelays.spec.relay.tracing"])
+        .unwrap();
+    for field in [
+        "otlpEndpoint",
+        "sampleRatio",
+        "headersSecretRef",
+        "OTLP/HTTP",
+    ] {
+        assert!(text.contains(field), "explain lacks {field}:\n{text}");
+    }
 }
 
 #[test]
@@ -381,6 +392,62 @@ fn invalid_outbox_relays_are_refused_with_the_field_named() {
             "an unknown protocol",
             format!("{BASE}    protocol: amqp\n"),
             &["spec.broker.protocol", "amqp091", "amqp10"],
+        ),
+        (
+            "a maxRate of zero (issue 47)",
+            format!("{BASE}  relay:\n    maxRate: 0\n"),
+            &["spec.relay.maxRate", "greater than or equal to 1"],
+        ),
+        (
+            "a negative maxRate (issue 47)",
+            format!("{BASE}  relay:\n    maxRate: -5\n"),
+            &["spec.relay.maxRate", "greater than or equal to 1"],
+        ),
+        (
+            "an OTLP endpoint that is not an http(s) URL (CEL)",
+            format!("{BASE}  relay:\n    tracing: {{otlpEndpoint: \"otel-collector:4317\"}}\n"),
+            &[
+                "spec.relay.tracing.otlpEndpoint",
+                "must be an http:// or https:// URL with a host",
+            ],
+        ),
+        (
+            "an OTLP endpoint without a host (CEL)",
+            format!("{BASE}  relay:\n    tracing: {{otlpEndpoint: \"http:///v1\"}}\n"),
+            &[
+                "spec.relay.tracing.otlpEndpoint",
+                "must be an http:// or https:// URL with a host",
+            ],
+        ),
+        (
+            "an OTLP endpoint with a password in it (CEL)",
+            format!(
+                "{BASE}  relay:\n    tracing: {{otlpEndpoint: \"https://u:pw@otlp.example.com\"}}\n"
+            ),
+            &[
+                "spec.relay.tracing.otlpEndpoint",
+                "must not carry a user or password",
+                "headersSecretRef",
+            ],
+        ),
+        (
+            "a tracing block without its endpoint",
+            format!("{BASE}  relay:\n    tracing: {{sampleRatio: 0.5}}\n"),
+            &["spec.relay.tracing.otlpEndpoint", "Required"],
+        ),
+        (
+            "a sample ratio above 1",
+            format!(
+                "{BASE}  relay:\n    tracing: {{otlpEndpoint: \"http://c:4318\", sampleRatio: 1.5}}\n"
+            ),
+            &["spec.relay.tracing.sampleRatio", "less than or equal to 1"],
+        ),
+        (
+            "a negative sample ratio",
+            format!(
+                "{BASE}  relay:\n    tracing: {{otlpEndpoint: \"http://c:4318\", sampleRatio: -0.1}}\n"
+            ),
+            &["spec.relay.tracing.sampleRatio", "greater than or equal to 0"],
         ),
         (
             "a missing required field",

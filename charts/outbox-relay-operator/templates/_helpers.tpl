@@ -95,3 +95,49 @@ per-namespace Roles (watchNamespaces mode). Exactly the operator contract: nothi
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/*
+The TCP port of tracing.otlpEndpoint: the URL's own, else its scheme's (443 for https, 80 for
+http); empty without an endpoint. The NetworkPolicy opens it for the operator's span export.
+*/}}
+{{- define "outbox-relay-operator.otlpPort" -}}
+{{- with (.Values.tracing | default dict).otlpEndpoint -}}
+{{- $url := urlParse . -}}
+{{- $port := regexFind "[0-9]+$" (regexFind ":[0-9]+$" $url.host) -}}
+{{- if $port -}}
+{{- $port -}}
+{{- else if eq $url.scheme "https" -}}
+443
+{{- else -}}
+80
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The operator container's OpenTelemetry variables (tracing.*), as an EnvVar list, to go after
+POD_NAME and POD_NAMESPACE, which the resource attributes refer to. Empty without
+tracing.otlpEndpoint; the service name is the binary's own default.
+*/}}
+{{- define "outbox-relay-operator.otlpEnv" -}}
+{{- $t := .Values.tracing | default dict -}}
+{{- $ratio := $t.sampleRatio -}}
+{{- $headers := $t.headersSecret | default dict -}}
+{{- if $t.otlpEndpoint -}}
+{{- $env := list (dict "name" "OTEL_EXPORTER_OTLP_ENDPOINT" "value" (toString $t.otlpEndpoint)) -}}
+{{- $env = append $env (dict "name" "OTEL_EXPORTER_OTLP_PROTOCOL" "value" "http/protobuf") -}}
+{{- if not (kindIs "invalid" $ratio) -}}
+{{- $env = append $env (dict "name" "OTEL_TRACES_SAMPLER" "value" "traceidratio") -}}
+{{- $env = append $env (dict "name" "OTEL_TRACES_SAMPLER_ARG" "value" (toString $ratio)) -}}
+{{- end -}}
+{{- with $headers.name -}}
+{{- $ref := dict "name" . "key" ($headers.key | default "headers") -}}
+{{- $env = append $env (dict "name" "OTEL_EXPORTER_OTLP_HEADERS" "valueFrom" (dict "secretKeyRef" $ref)) -}}
+{{- end -}}
+{{- $attributes := printf "k8s.namespace.name=$(POD_NAMESPACE),k8s.pod.name=$(POD_NAME),k8s.deployment.name=%s" (include "outbox-relay-operator.fullname" .) -}}
+{{- $env = append $env (dict "name" "OTEL_RESOURCE_ATTRIBUTES" "value" $attributes) -}}
+{{- toYaml $env -}}
+{{- else if or (not (kindIs "invalid" $ratio)) $headers.name -}}
+{{- fail "tracing.sampleRatio and tracing.headersSecret need tracing.otlpEndpoint (the collector's OTLP/HTTP URL, e.g. http://otel-collector.observability:4318): set it, or remove them" -}}
+{{- end -}}
+{{- end -}}

@@ -582,6 +582,60 @@ pub struct RelaySpec {
     /// Priority class of the relay pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// Spans of the relay's own work (one per batch: claim, publish, settle, linked to the
+    /// trace context of every message in it), exported over OTLP/HTTP (http/protobuf) to a
+    /// collector. Absent: no spans are exported, and the pods are what they were without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<TracingSpec>,
+}
+
+/// `spec.relay.tracing`: where the relay pods send their spans. The pods get the standard
+/// OpenTelemetry variables (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_PROTOCOL`
+/// http/protobuf, `OTEL_TRACES_SAMPLER`, `OTEL_EXPORTER_OTLP_HEADERS`,
+/// `OTEL_RESOURCE_ATTRIBUTES` with the namespace, pod and Deployment names).
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("isURL(self.otlpEndpoint) && url(self.otlpEndpoint).getScheme() in ['http', 'https'] && url(self.otlpEndpoint).getHostname() != ''").message("otlpEndpoint must be an http:// or https:// URL with a host: the collector's OTLP/HTTP base URL, e.g. http://otel-collector.observability:4318").field_path(".otlpEndpoint"),
+    validation = Rule::new("!self.otlpEndpoint.matches('^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@')").message("otlpEndpoint must not carry a user or password: it is written into the pod spec as plain text; put the credentials in the Secret of headersSecretRef (e.g. Authorization=Basic ...)").field_path(".otlpEndpoint")
+)]
+pub struct TracingSpec {
+    /// The OTLP/HTTP base URL of the collector or tracing backend, http:// or https://, e.g.
+    /// http://otel-collector.observability:4318 (the relay posts to its /v1/traces). Only
+    /// OTLP/HTTP with protobuf is spoken, not gRPC (port 4317). No credentials in it: use
+    /// headersSecretRef.
+    #[schemars(length(min = 1, max = OTLP_ENDPOINT_MAX))]
+    pub otlp_endpoint: String,
+    /// The fraction of batches traced, from 0 to 1 (0.1: one batch in ten, chosen by trace
+    /// id). Absent: the OpenTelemetry default, every batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub sample_ratio: Option<f64>,
+    /// A Secret key whose value is the headers sent with every export, as
+    /// OTEL_EXPORTER_OTLP_HEADERS writes them: key=value pairs separated by commas, values
+    /// percent-encoded (e.g. `x-honeycomb-team=KEY` or `Authorization=Basic%20dXNlcjpwYXNz`).
+    /// Handed to the pods as a Secret reference, never copied; a change of the Secret
+    /// restarts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers_secret_ref: Option<OtlpHeadersSecretRef>,
+}
+
+/// Longest `spec.relay.tracing.otlpEndpoint` accepted: room for any real URL, and a bound that
+/// keeps the CEL rules' cost estimate small.
+pub const OTLP_ENDPOINT_MAX: usize = 2048;
+
+/// A Secret key holding OTEL_EXPORTER_OTLP_HEADERS text (an API key or an Authorization
+/// header: a secret).
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct OtlpHeadersSecretRef {
+    /// Name of the Secret, in the namespace of the OutboxRelay.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key inside the Secret whose value is the headers text.
+    #[serde(default = "defaults::otlp_headers_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
 }
 
 /// `spec.relay.disruptionBudget`: the relay pods' PodDisruptionBudget, owned by the
@@ -637,6 +691,7 @@ impl Default for RelaySpec {
             service_account_name: None,
             image_pull_secrets: Vec::new(),
             priority_class_name: None,
+            tracing: None,
         }
     }
 }
@@ -934,6 +989,9 @@ pub mod defaults {
     }
     pub fn secret_key() -> String {
         "url".into()
+    }
+    pub fn otlp_headers_key() -> String {
+        "headers".into()
     }
     pub fn table() -> String {
         relay::TABLE.into()

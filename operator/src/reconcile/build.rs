@@ -27,10 +27,12 @@ use crate::reconcile::validate::RelayPlan;
 use outbox_relay::broker::cloudevents::CloudEventsMode;
 
 use self::files::ConnectionFiles;
+use self::otlp::otlp_env;
 use self::placement::{disruption_budget, spread_constraints};
 use self::resources::relay_resources;
 
 mod files;
+pub mod otlp;
 pub mod placement;
 pub mod resources;
 
@@ -175,6 +177,14 @@ pub fn build_deployment(
                     .map(|reference| secret_env("SESSION_DATABASE_URL", reference)),
             )
             .chain(files.env.iter().cloned())
+            // Last, after POD_NAME, which its resource attributes refer to.
+            .chain(spec.tracing.iter().flat_map(|tracing| {
+                otlp_env(
+                    tracing,
+                    &relay.namespace().unwrap_or_default(),
+                    &relay.name_any(),
+                )
+            }))
             .collect(),
         ),
         volume_mounts: files.any().then(|| files.mounts.clone()),

@@ -1,7 +1,8 @@
 //! The dereference step: read the Secrets and ConfigMaps a relay refers to. The operator needs
 //! the database's URL, password and TLS material itself (to migrate the table and count the
-//! backlog over the same kind of connection its pods make); the broker's are only checked, so
-//! that a typo or a missing key shows up as a condition instead of as crash-looping pods. The
+//! backlog over the same kind of connection its pods make); the broker's and the OTLP
+//! headers are only checked, so that a typo or a missing key shows up as a condition instead
+//! of as crash-looping pods or spans refused by the backend. The
 //! values are held as [`SecretUrl`] and [`DatabaseTarget`], whose formatting never shows a
 //! password or a key.
 
@@ -87,6 +88,13 @@ pub fn referenced_secret_names(spec: &OutboxRelaySpec) -> Vec<&str> {
         );
         names.extend(client.as_ref().map(|c| c.name.as_str()));
     }
+    names.extend(
+        spec.relay
+            .tracing
+            .as_ref()
+            .and_then(|t| t.headers_secret_ref.as_ref())
+            .map(|r| r.name.as_str()),
+    );
     names
 }
 
@@ -184,6 +192,15 @@ pub async fn dereference_secrets(
     if let Some(reference) = &spec.broker.password_secret_ref {
         text_of(&fetched, &reference.name, &reference.key)?;
     }
+    if let Some(reference) = spec
+        .relay
+        .tracing
+        .as_ref()
+        .and_then(|t| t.headers_secret_ref.as_ref())
+    {
+        let text = text_of(&fetched, &reference.name, &reference.key)?;
+        check_otlp_headers(&text).map_err(|e| invalid(&reference.name, &reference.key, e))?;
+    }
     Ok(RelaySecrets {
         database,
         broker_urls,
@@ -192,8 +209,12 @@ pub async fn dereference_secrets(
 }
 
 /// The versions of everything but the password Secrets (see [`RelaySecrets::versions`]). A
-/// Secret that holds a URL as well as a password still counts: its URL is an env value.
+/// Secret that holds a URL (or the OTLP headers) as well as a password still counts: those
+/// are env values.
 fn versions_that_roll(fetched: &Fetched, spec: &OutboxRelaySpec) -> BTreeMap<String, String> {
+    let otlp_headers = (spec.relay.tracing.as_ref())
+        .and_then(|t| t.headers_secret_ref.as_ref())
+        .map(|r| r.name.as_str());
     let passwords_only: Vec<&str> = [
         &spec.database.password_secret_ref,
         &spec.broker.password_secret_ref,
@@ -202,7 +223,9 @@ fn versions_that_roll(fetched: &Fetched, spec: &OutboxRelaySpec) -> BTreeMap<Str
     .flatten()
     .map(|p| p.name.as_str())
     .filter(|name| {
-        *name != spec.database.url_secret_ref.name && *name != spec.broker.url_secret_ref.name
+        *name != spec.database.url_secret_ref.name
+            && *name != spec.broker.url_secret_ref.name
+            && Some(*name) != otlp_headers
     })
     .collect();
     let mut versions = BTreeMap::new();
@@ -362,6 +385,33 @@ fn client_pems(fetched: &Fetched, name: &str) -> Result<(Pem, Pem), Error> {
         origin: format!("Secret {name}, key {key}"),
     };
     Ok((pem(TLS_CERT_KEY, cert), pem(TLS_KEY_KEY, key)))
+}
+
+/// OTEL_EXPORTER_OTLP_HEADERS text: `key=value` pairs separated by commas. The SDKs skip a
+/// pair they cannot read, so a typo would only show up as a backend refusing every export;
+/// here it is a condition. The reason never repeats the text (an API key).
+fn check_otlp_headers(text: &str) -> Result<(), &'static str> {
+    let pairs: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .collect();
+    if pairs.is_empty() {
+        return Err(
+            "is empty: put the OTLP export headers there, as key=value pairs \
+                    separated by commas (e.g. x-api-key=KEY)",
+        );
+    }
+    if pairs.iter().any(|pair| {
+        pair.split_once('=')
+            .is_none_or(|(key, _)| key.trim().is_empty())
+    }) {
+        return Err(
+            "is not OTEL_EXPORTER_OTLP_HEADERS text: write key=value pairs separated \
+                    by commas, values percent-encoded (e.g. Authorization=Basic%20dXNlcjpwYXNz)",
+        );
+    }
+    Ok(())
 }
 
 fn invalid(name: &str, key: &str, reason: &str) -> Error {

@@ -13,7 +13,7 @@ use outbox_relay::table::{Columns, OutboxTable};
 
 use crate::crd::{
     BrokerProtocol, CloudEventsSpec, OutboxRelaySpec, PoolMode, PostgresTlsMode, RelayOrdering,
-    ScalingRules, ScalingSpec,
+    ScalingRules, ScalingSpec, TracingSpec,
 };
 
 /// One problem with the spec.
@@ -223,6 +223,9 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
             ),
         );
     }
+    if let Some(tracing) = &relay.tracing {
+        check_tracing(&mut check, tracing);
+    }
     check.range(
         "spec.relay.terminationGracePeriodSeconds",
         relay.termination_grace_period_seconds,
@@ -426,6 +429,52 @@ fn check_cloud_events(check: &mut Checker, spec: &CloudEventsSpec) {
     }
 }
 
+/// The schema's rules on `spec.relay.tracing`, for objects that reached the operator without
+/// them: the pods would export nowhere (or put a password into their spec) otherwise.
+fn check_tracing(check: &mut Checker, tracing: &TracingSpec) {
+    let p = "spec.relay.tracing";
+    let example = "e.g. http://otel-collector.observability:4318";
+    match url::Url::parse(tracing.otlp_endpoint.trim()) {
+        Err(e) => check.fail(
+            &format!("{p}.otlpEndpoint"),
+            format!("is not a URL ({e}): give the collector's OTLP/HTTP base URL, {example}"),
+        ),
+        Ok(url) if !matches!(url.scheme(), "http" | "https") || url.cannot_be_a_base() => {
+            check.fail(
+                &format!("{p}.otlpEndpoint"),
+                format!(
+                    "must be an http:// or https:// URL (OTLP/HTTP; gRPC is not spoken), got scheme {}: {example}",
+                    url.scheme()
+                ),
+            )
+        }
+        Ok(url) if url.host_str().is_none_or(str::is_empty) => check.fail(
+            &format!("{p}.otlpEndpoint"),
+            format!("has no host: {example}"),
+        ),
+        // Never repeats the URL: it holds the credentials it is refused for.
+        Ok(url) if !url.username().is_empty() || url.password().is_some() => check.fail(
+            &format!("{p}.otlpEndpoint"),
+            "must not carry a user or password (it is written into the pod spec as plain text): put the credentials in the Secret of spec.relay.tracing.headersSecretRef",
+        ),
+        Ok(_) => {}
+    }
+    if let Some(ratio) = tracing.sample_ratio
+        && !(0.0..=1.0).contains(&ratio)
+    {
+        check.fail(
+            &format!("{p}.sampleRatio"),
+            format!(
+                "must be a number from 0 to 1 (the fraction of batches traced, e.g. 0.1), got {ratio}; remove it to trace every batch"
+            ),
+        );
+    }
+    if let Some(headers) = &tracing.headers_secret_ref {
+        check.not_empty(&format!("{p}.headersSecretRef.name"), &headers.name);
+        check.not_empty(&format!("{p}.headersSecretRef.key"), &headers.key);
+    }
+}
+
 fn check_columns(check: &mut Checker, spec: &OutboxRelaySpec) -> Option<Columns> {
     let c = &spec.database.columns;
     let p = "spec.database.columns";
@@ -571,7 +620,7 @@ fn check_rules(check: &mut Checker, path: &str, rules: &ScalingRules) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::sample_spec;
+    use crate::test_support::{LEAK_CANARY, sample_spec};
 
     fn messages(spec: &OutboxRelaySpec) -> Vec<String> {
         validate(spec)
@@ -663,6 +712,93 @@ mod tests {
         assert_eq!(validate(&spec).unwrap().max_rate, Some(250.5));
         spec.relay.max_rate = None;
         assert_eq!(validate(&spec).unwrap().max_rate, None);
+    }
+
+    fn tracing(endpoint: &str) -> TracingSpec {
+        TracingSpec {
+            otlp_endpoint: endpoint.into(),
+            sample_ratio: None,
+            headers_secret_ref: None,
+        }
+    }
+
+    #[test]
+    fn a_tracing_endpoint_must_be_an_http_url_with_a_host_and_no_credentials() {
+        let mut spec = sample_spec();
+        for good in [
+            "http://otel-collector.observability:4318",
+            "https://api.honeycomb.io",
+            "http://[::1]:4318/otlp",
+        ] {
+            spec.relay.tracing = Some(tracing(good));
+            assert!(validate(&spec).is_ok(), "{good}");
+        }
+        for (bad, says) in [
+            ("otel-collector:4318", "must be an http:// or https:// URL"),
+            ("collector", "is not a URL"),
+            ("grpc://collector:4317", "got scheme grpc"),
+            ("http://", "is not a URL"),
+            ("", "is not a URL"),
+            (
+                "mailto:ops@example.com",
+                "must be an http:// or https:// URL",
+            ),
+        ] {
+            spec.relay.tracing = Some(tracing(bad));
+            let found = messages(&spec);
+            assert_eq!(found.len(), 1, "{bad}: {found:?}");
+            assert!(
+                found[0].starts_with("spec.relay.tracing.otlpEndpoint: ")
+                    && found[0].contains(says),
+                "{bad}: {found:?}"
+            );
+            assert!(
+                found[0].contains("4318"),
+                "the fix has an example: {found:?}"
+            );
+        }
+        spec.relay.tracing = Some(tracing(&format!(
+            "https://user:{LEAK_CANARY}@collector.example.com"
+        )));
+        let found = messages(&spec);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with("spec.relay.tracing.otlpEndpoint: must not carry a user")
+                && found[0].contains("headersSecretRef"),
+            "{found:?}"
+        );
+        assert!(!found[0].contains(LEAK_CANARY), "{found:?}");
+    }
+
+    #[test]
+    fn a_sample_ratio_outside_zero_to_one_names_its_field() {
+        let mut spec = sample_spec();
+        let mut t = tracing("http://collector:4318");
+        for bad in [-0.1, 1.5, f64::NAN, f64::INFINITY] {
+            t.sample_ratio = Some(bad);
+            spec.relay.tracing = Some(t.clone());
+            let found = messages(&spec);
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert!(
+                found[0]
+                    .starts_with("spec.relay.tracing.sampleRatio: must be a number from 0 to 1"),
+                "{found:?}"
+            );
+        }
+        for good in [0.0, 0.25, 1.0] {
+            t.sample_ratio = Some(good);
+            spec.relay.tracing = Some(t.clone());
+            assert!(validate(&spec).is_ok(), "{good}");
+        }
+        t.headers_secret_ref = Some(crate::crd::OtlpHeadersSecretRef {
+            name: " ".into(),
+            key: "headers".into(),
+        });
+        spec.relay.tracing = Some(t);
+        assert_eq!(
+            messages(&spec),
+            ["spec.relay.tracing.headersSecretRef.name: must not be empty"]
+        );
     }
 
     #[test]

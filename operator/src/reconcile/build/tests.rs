@@ -328,6 +328,106 @@ fn trace_columns_and_cloudevents_reach_the_pods_and_absent_renders_nothing_new()
     assert_eq!(arg(&plain, "traceparent-column"), None);
 }
 
+fn tracing_spec(sample_ratio: Option<f64>) -> crate::crd::TracingSpec {
+    crate::crd::TracingSpec {
+        otlp_endpoint: "http://otel-collector.observability:4318".into(),
+        sample_ratio,
+        headers_secret_ref: Some(crate::crd::OtlpHeadersSecretRef {
+            name: "otlp-auth".into(),
+            key: "headers".into(),
+        }),
+    }
+}
+
+#[test]
+fn tracing_reaches_the_pods_as_the_standard_otel_variables_and_absent_renders_nothing_new() {
+    let mut spec = sample_spec();
+    spec.relay.tracing = Some(tracing_spec(Some(0.25)));
+    let d = build(spec, 1);
+    assert_eq!(
+        env_value(&d, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        Some("http://otel-collector.observability:4318")
+    );
+    assert_eq!(
+        env_value(&d, "OTEL_EXPORTER_OTLP_PROTOCOL"),
+        Some("http/protobuf")
+    );
+    assert_eq!(env_value(&d, "OTEL_TRACES_SAMPLER"), Some("traceidratio"));
+    assert_eq!(env_value(&d, "OTEL_TRACES_SAMPLER_ARG"), Some("0.25"));
+    assert_eq!(
+        env_value(&d, "OTEL_RESOURCE_ATTRIBUTES"),
+        Some("k8s.namespace.name=shop,k8s.pod.name=$(POD_NAME),k8s.deployment.name=orders")
+    );
+    // The kubelet expands $(POD_NAME) only when POD_NAME is defined before the reference.
+    let names: Vec<&str> = container(&d)
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    let position = |name: &str| names.iter().position(|n| *n == name).unwrap();
+    assert!(
+        position("POD_NAME") < position("OTEL_RESOURCE_ATTRIBUTES"),
+        "{names:?}"
+    );
+    // No service name: the binary's own default (outbox-relay) names the spans' service.
+    assert!(!names.contains(&"OTEL_SERVICE_NAME"), "{names:?}");
+
+    // Without a ratio the SDK's default sampler stays: no sampler variables.
+    let mut spec = sample_spec();
+    spec.relay.tracing = Some(crate::crd::TracingSpec {
+        headers_secret_ref: None,
+        ..tracing_spec(None)
+    });
+    let d = build(spec, 1);
+    assert_eq!(env_value(&d, "OTEL_TRACES_SAMPLER"), None);
+    assert_eq!(env_value(&d, "OTEL_TRACES_SAMPLER_ARG"), None);
+    assert_eq!(env_from_secret(&d, "otlp-auth"), None);
+    assert!(env_value(&d, "OTEL_EXPORTER_OTLP_ENDPOINT").is_some());
+
+    // Absent: not one variable more, so existing Deployments keep their pod-template hash.
+    let plain = build(sample_spec(), 1);
+    let otel: Vec<&str> = container(&plain)
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .filter(|name| name.starts_with("OTEL_"))
+        .collect();
+    assert!(otel.is_empty(), "{otel:?}");
+    let mut traced = sample_spec();
+    traced.relay.tracing = Some(tracing_spec(None));
+    assert_ne!(spec_hash(&plain), spec_hash(&build(traced, 1)));
+}
+
+#[test]
+fn the_otlp_headers_reach_the_pods_by_secret_reference_only() {
+    let mut spec = sample_spec();
+    spec.relay.tracing = Some(tracing_spec(Some(1.0)));
+    let d = build(spec, 1);
+    assert_eq!(
+        env_from_secret(&d, "otlp-auth"),
+        Some("OTEL_EXPORTER_OTLP_HEADERS")
+    );
+    let headers = container(&d)
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "OTEL_EXPORTER_OTLP_HEADERS")
+        .unwrap();
+    assert_eq!(headers.value, None, "never by value");
+    let selector = headers
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .unwrap();
+    assert_eq!(
+        (selector.key.as_str(), selector.optional),
+        ("headers", Some(false))
+    );
+    assert_eq!(env_value(&d, "OTEL_TRACES_SAMPLER_ARG"), Some("1"));
+}
+
 #[test]
 fn amqp091_keeps_the_deployment_it_had_before_protocols() {
     let spec = sample_spec();
@@ -570,19 +670,22 @@ async fn no_secret_value_reaches_the_deployment() {
     // the reconciler has in hand: the password must not appear anywhere in the result.
     let (service, mut handle) = mock_service::pair();
     let server = tokio::spawn(async move {
-        for (name, url) in [
+        for (name, key, value) in [
             (
                 "orders-db",
+                "url",
                 format!("postgres://app:{LEAK_CANARY}@db:5432/app"),
             ),
             (
                 "orders-amqp",
+                "url",
                 format!("amqp://app:{LEAK_CANARY}@mq:5672/%2f"),
             ),
+            ("otlp-auth", "headers", format!("x-api-key={LEAK_CANARY}")),
         ] {
             let (request, send) = handle.next_request().await.expect("a Secret GET");
             assert!(request.uri().path().ends_with(&format!("/secrets/{name}")));
-            let body = serde_json::to_vec(&secret(name, "url", &url)).unwrap();
+            let body = serde_json::to_vec(&secret(name, key, &value)).unwrap();
             send.send_response(http::Response::builder().body(body.into()).unwrap());
         }
     });
@@ -618,5 +721,6 @@ fn full_spec_with_default_keys() -> OutboxRelaySpec {
     let mut spec = full_spec();
     spec.database.url_secret_ref.key = "url".into();
     spec.broker.url_secret_ref.key = "url".into();
+    spec.relay.tracing = Some(tracing_spec(Some(0.5)));
     spec
 }

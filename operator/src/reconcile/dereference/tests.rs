@@ -368,3 +368,74 @@ fn the_watches_know_every_referenced_object() {
     );
     assert_eq!(referenced_config_map_names(&spec), ["company-ca"]);
 }
+
+fn traced_spec() -> OutboxRelaySpec {
+    let mut spec = sample_spec();
+    spec.relay.tracing = Some(crate::crd::TracingSpec {
+        otlp_endpoint: "https://otlp.example.com".into(),
+        sample_ratio: None,
+        headers_secret_ref: Some(crate::crd::OtlpHeadersSecretRef {
+            name: "otlp-auth".into(),
+            key: "headers".into(),
+        }),
+    });
+    spec
+}
+
+fn traced_objects(headers: &str) -> BTreeMap<String, serde_json::Value> {
+    let mut objects = base_objects("postgres://app@db/orders", "amqp://app:pw@mq:5672/%2f");
+    objects.insert(
+        "secrets/otlp-auth".into(),
+        secret_of("otlp-auth", "21", &[("headers", headers)]),
+    );
+    objects
+}
+
+#[tokio::test]
+async fn the_otlp_headers_secret_is_checked_watched_and_rolls_the_pods() {
+    let spec = traced_spec();
+    let mut names = referenced_secret_names(&spec);
+    names.sort();
+    assert_eq!(names, ["orders-amqp", "orders-db", "otlp-auth"]);
+
+    let headers = format!("x-api-key={LEAK_CANARY}, x-team=orders");
+    let found = dereference(&spec, traced_objects(&headers)).await.unwrap();
+    // The pods read it from their environment at start: a change must restart them.
+    assert_eq!(
+        found.fingerprint(),
+        "orders-amqp=8,orders-db=7,otlp-auth=21"
+    );
+
+    let mut objects = traced_objects(&headers);
+    objects.remove("secrets/otlp-auth");
+    let err = dereference(&spec, objects).await.unwrap_err();
+    assert_eq!(err.user_facing_reason(), Some("SecretNotFound"));
+    assert!(err.to_string().contains("otlp-auth"), "{err}");
+
+    let mut objects = traced_objects(&headers);
+    objects.insert(
+        "secrets/otlp-auth".into(),
+        secret_of("otlp-auth", "22", &[("token", &headers)]),
+    );
+    let err = dereference(&spec, objects).await.unwrap_err();
+    assert_eq!(err.to_string(), "Secret otlp-auth has no key headers");
+
+    for bad in [
+        LEAK_CANARY.to_string(),
+        format!("={LEAK_CANARY}"),
+        " , ".into(),
+    ] {
+        let err = dereference(&spec, traced_objects(&bad)).await.unwrap_err();
+        let text = err.to_string();
+        assert_eq!(
+            err.user_facing_reason(),
+            Some("SecretValueInvalid"),
+            "{text}"
+        );
+        assert!(
+            text.contains("otlp-auth") && text.contains("key=value"),
+            "{text}"
+        );
+        assert!(!text.contains(LEAK_CANARY), "{text}");
+    }
+}
