@@ -446,7 +446,7 @@ fn check_tracing(check: &mut Checker, tracing: &TracingSpec) {
                     "must be an http:// or https:// URL (OTLP/HTTP; gRPC is not spoken), got scheme {}: {example}",
                     url.scheme()
                 ),
-            )
+            );
         }
         Ok(url) if url.host_str().is_none_or(str::is_empty) => check.fail(
             &format!("{p}.otlpEndpoint"),

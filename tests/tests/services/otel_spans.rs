@@ -133,15 +133,14 @@ async fn batch_spans_reach_a_collector_linked_to_every_producer_trace() {
             .iter()
             .filter(|s| s.parent_span_id == batch.span_id)
             .collect();
-        let names: HashSet<&str> = children.iter().map(|s| s.name.as_str()).collect();
+        let names: HashSet<String> = children.iter().map(|s| s.name.clone()).collect();
         let publish_name = format!("publish {exchange}");
-        let want: HashSet<&str> = [
+        let want: HashSet<String> = [
             format!("claim {table_name}"),
             publish_name.clone(),
             format!("settle {table_name}"),
         ]
-        .iter()
-        .map(|s| by_name(&children, s))
+        .into_iter()
         .collect();
         assert_eq!(names, want, "the steps of batch {}", batch.span_id);
         for child in &children {
@@ -187,15 +186,6 @@ async fn batch_spans_reach_a_collector_linked_to_every_producer_trace() {
     for (id, producer) in &expected {
         assert_eq!(linked.get(&id.to_string()), Some(producer), "message {id}");
     }
-}
-
-/// The name in `children` equal to `name`, or `name` itself when none is (the set comparison
-/// then shows what is missing).
-fn by_name<'a>(children: &[&'a ReceivedSpan], name: &'a str) -> &'a str {
-    children
-        .iter()
-        .find(|s| s.name == name)
-        .map_or(name, |s| s.name.as_str())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
