@@ -12,7 +12,7 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    SecretKeySelector, SecurityContext,
+    SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -31,6 +31,7 @@ use self::otlp::otlp_env;
 use self::placement::{disruption_budget, spread_constraints};
 use self::resources::relay_resources;
 
+mod env;
 mod files;
 pub mod otlp;
 pub mod placement;
@@ -351,18 +352,7 @@ fn broker_url_env(broker: &BrokerSpec) -> &'static str {
 }
 
 fn secret_env(name: &str, reference: &SecretKeyRef) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: reference.name.clone(),
-                key: reference.key.clone(),
-                optional: Some(false),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    env::secret_key_env(name, &reference.name, &reference.key)
 }
 
 fn http_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe {

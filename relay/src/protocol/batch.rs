@@ -249,23 +249,12 @@ pub async fn run_batch_up_to<P: Publisher>(
     lanes: Option<&[i32]>,
     limit: usize,
 ) -> Result<BatchReport, BatchError> {
-    let Some(spans) = &settings.spans else {
-        let mut untraced = None;
-        return claim_publish_settle(
-            conn,
-            publisher,
-            statements,
-            settings,
-            metrics,
-            start,
-            lanes,
-            limit,
-            &mut untraced,
-        )
-        .await;
-    };
+    // Only while spans are on does the batch note its steps (see `note`).
     let settling = statements.settling.is_some() && lanes.is_none();
-    let mut timeline = Some(BatchTimeline::start(settling));
+    let mut timeline = settings
+        .spans
+        .as_ref()
+        .map(|_| BatchTimeline::start(settling));
     let result = claim_publish_settle(
         conn,
         publisher,
@@ -278,7 +267,7 @@ pub async fn run_batch_up_to<P: Publisher>(
         &mut timeline,
     )
     .await;
-    if let Some(timeline) = timeline {
+    if let (Some(spans), Some(timeline)) = (&settings.spans, timeline) {
         let end = match &result {
             Ok(report) => BatchEnd::Settled(SettledCounts {
                 published: report.published,

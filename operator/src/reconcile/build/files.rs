@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, EnvVar, KeyToPath, SecretVolumeSource, Volume, VolumeMount,
 };
 
+use super::env::value_env;
 use crate::crd::tls::{TLS_CERT_KEY, TLS_KEY_KEY};
 use crate::crd::{
     BrokerTlsSpec, CaSource, DatabaseTlsSpec, OutboxRelaySpec, PasswordSecretRef, PostgresTlsMode,
@@ -64,24 +65,26 @@ impl ConnectionFiles {
     }
 
     fn database_tls(&mut self, tls: &DatabaseTlsSpec) {
-        self.env.push(env("PGSSLMODE", tls.mode.as_str()));
+        self.env.push(value_env("PGSSLMODE", tls.mode.as_str()));
         match &tls.ca {
             Some(ca) => {
                 if let Some(path) = self.ca("database-ca", ca) {
                     self.env
-                        .push(env("PGSSLROOTCERT", &path.display().to_string()));
+                        .push(value_env("PGSSLROOTCERT", &path.display().to_string()));
                 }
             }
             // libpq 16's word for the operating system's CA store.
             None if tls.mode == PostgresTlsMode::VerifyFull => {
-                self.env.push(env("PGSSLROOTCERT", "system"));
+                self.env.push(value_env("PGSSLROOTCERT", "system"));
             }
             None => {}
         }
         if let Some(reference) = &tls.client_certificate_secret_ref {
             let (cert, key) = self.client("database-client", reference);
-            self.env.push(env("PGSSLCERT", &cert.display().to_string()));
-            self.env.push(env("PGSSLKEY", &key.display().to_string()));
+            self.env
+                .push(value_env("PGSSLCERT", &cert.display().to_string()));
+            self.env
+                .push(value_env("PGSSLKEY", &key.display().to_string()));
         }
     }
 
@@ -165,14 +168,6 @@ fn item(key: &str, file: &str) -> KeyToPath {
     KeyToPath {
         key: key.into(),
         path: file.into(),
-        ..Default::default()
-    }
-}
-
-fn env(name: &str, value: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value: Some(value.into()),
         ..Default::default()
     }
 }
