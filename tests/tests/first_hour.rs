@@ -145,6 +145,14 @@ async fn a_users_first_hour_with_kubectl() {
         Duration::from_secs(60),
     )
     .await;
+    // The backlog can be reported before the pod's readiness reaches the Ready condition.
+    user.wait_jsonpath(
+        "obr/orders",
+        "{.status.conditions[?(@.type==\"Ready\")].status}",
+        "True",
+        Duration::from_secs(60),
+    )
+    .await;
     let table_text = user.kubectl(&["get", "obr"]);
     let mut lines = table_text.lines();
     let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
