@@ -44,6 +44,24 @@ pub const DATABASE_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `statement_timeout` does not bound that wait.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `idle_in_transaction_session_timeout` of every relay session (see
+/// `database::session_bounds`): above the longest legitimate wait inside a batch's transaction
+/// (its confirms, [`PUBLISH_TIMEOUT`]), so the server takes the rows back from a relay that
+/// stalls with them, and only from such a relay.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Within this the server ends the session of a relay that vanished behind a silent partition
+/// (server-side TCP keepalives and `tcp_user_timeout`), so its claimed rows go back to pending;
+/// without it the server waits for its kernel's keepalive, about two hours.
+pub const DEAD_CLIENT_TIMEOUT: Duration = Duration::from_secs(15);
+/// A first keepalive probe and three more, a second apart.
+pub const DEAD_CLIENT_TIMEOUT_MIN: Duration = Duration::from_secs(4);
+
+/// The AMQP heartbeat the relay asks for (the lower of its and the broker's wins): a dead broker
+/// connection is noticed after two missed heartbeats. RabbitMQ proposes 60 s and advises 5 to
+/// 20 s.
+pub const BROKER_HEARTBEAT: Duration = Duration::from_secs(10);
+
 pub const WORKERS: i64 = 2;
 pub const WORKERS_RANGE: RangeInclusive<i64> = 1..=256;
 

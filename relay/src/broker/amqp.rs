@@ -43,6 +43,9 @@ pub struct AmqpSettings {
     pub confirms: bool,
     pub mandatory: bool,
     pub timeout: Duration,
+    /// The heartbeat asked for, unless the URL names one (`?heartbeat=`): the lower of it and
+    /// the broker's is used, and two missed ones end the connection.
+    pub heartbeat: Duration,
     pub content_type: String,
     pub connection_name: String,
     pub declare_exchange: Option<ExchangeType>,
@@ -87,9 +90,16 @@ impl AmqpPublisher {
         let properties = ConnectionProperties::default()
             .with_connection_name(settings.connection_name.clone().into());
         let url = &with_password_file(url, settings.password_file.as_deref())?;
-        let connection = DefaultConnectionBuilder::new()
-            .map_err(unavailable)?
-            .with_uri_str(url.expose().to_string())
+        let builder = DefaultConnectionBuilder::new().map_err(unavailable)?;
+        let builder = match url.expose().parse::<AMQPUri>() {
+            Ok(mut uri) => {
+                uri.query.heartbeat = uri.query.heartbeat.or(Some(heartbeat_secs(&settings)));
+                builder.with_uri(uri)
+            }
+            // lapin parses it again and says what is wrong.
+            Err(_) => builder.with_uri_str(url.expose().to_string()),
+        };
+        let connection = builder
             .with_properties(properties)
             .with_tls_config(settings.tls.for_lapin()?)
             .connect()
@@ -182,6 +192,13 @@ async fn open_channel(
             .map_err(unavailable)?;
     }
     Ok(channel)
+}
+
+/// The heartbeat in AMQP's whole seconds (at least one: 0 would turn it off).
+fn heartbeat_secs(settings: &AmqpSettings) -> u16 {
+    u16::try_from(settings.heartbeat.as_secs())
+        .unwrap_or(u16::MAX)
+        .max(1)
 }
 
 fn unavailable(error: lapin::Error) -> ConnectError {
@@ -337,6 +354,10 @@ impl Publisher for AmqpPublisher {
 
     fn is_connected(&self) -> bool {
         self.connection.status().connected() && self.channel.status().connected()
+    }
+
+    fn is_blocked(&self) -> bool {
+        self.connection.status().blocked()
     }
 
     async fn close(self) {

@@ -218,6 +218,13 @@ pub trait Publisher: Send {
     /// Cheap check that the connection is usable, for readiness and reconnects.
     fn is_connected(&self) -> bool;
 
+    /// True while the broker refuses to take publishes on this connection (RabbitMQ's
+    /// `connection.blocked` under a memory or disk alarm): a publish would only wait, so the
+    /// worker claims nothing meanwhile, and holds no rows while it waits.
+    fn is_blocked(&self) -> bool {
+        false
+    }
+
     /// Closes the connection politely; a publisher dropped without it just goes away.
     fn close(self) -> impl Future<Output = ()> + Send
     where

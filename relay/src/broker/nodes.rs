@@ -272,6 +272,10 @@ impl<P: Publisher> Publisher for NodePublisher<P> {
         connected
     }
 
+    fn is_blocked(&self) -> bool {
+        self.inner.is_blocked()
+    }
+
     async fn close(self) {
         let NodePublisher {
             inner, _counted, ..

@@ -39,6 +39,19 @@ pub struct TableArgs {
     /// Uses --database-password-file too when given.
     #[arg(long, env = "SESSION_DATABASE_URL", hide_env_values = true)]
     pub session_database_url: Option<String>,
+    /// How long the server lets a relay session sit idle inside a transaction before it ends
+    /// the session, and the rows it claimed return to pending, e.g. 30s: a relay that stalls
+    /// with claims holds them no longer. Longer than --publish-timeout (a batch awaits its
+    /// confirms inside its transaction). Not sent under --database-pool-mode transaction.
+    /// Default: 30s.
+    #[arg(long, env = "OUTBOX_RELAY_IDLE_IN_TRANSACTION_TIMEOUT", value_parser = positive_duration)]
+    pub idle_in_transaction_timeout: Option<Duration>,
+    /// Within this the server ends the session of a relay whose connection went silent (a
+    /// network partition, a node gone), so another relay takes its rows, e.g. 15s: server-side
+    /// TCP keepalives and tcp_user_timeout, set per session (at least 4s). Not sent under
+    /// --database-pool-mode transaction. Default: 15s.
+    #[arg(long, env = "OUTBOX_RELAY_DEAD_CLIENT_TIMEOUT", value_parser = positive_duration)]
+    pub dead_client_timeout: Option<Duration>,
     /// Outbox table, optionally schema-qualified (schema.table). Default: outbox_messages.
     #[arg(long, env = "OUTBOX_RELAY_TABLE")]
     pub table: Option<String>,
@@ -257,6 +270,11 @@ pub struct RunArgs {
     /// Longest wait for the confirms of one batch, e.g. 10s. Default: 10s.
     #[arg(long, env = "OUTBOX_RELAY_PUBLISH_TIMEOUT", value_parser = positive_duration)]
     pub publish_timeout: Option<Duration>,
+    /// The AMQP 0-9-1 heartbeat the relay asks the broker for, e.g. 10s (whole seconds; the
+    /// lower of this and the broker's wins); a broker that misses two is taken as gone, and its
+    /// batch in flight is given back. An AMQP URL's own ?heartbeat= wins. Default: 10s.
+    #[arg(long, env = "OUTBOX_RELAY_BROKER_HEARTBEAT", value_parser = positive_duration)]
+    pub broker_heartbeat: Option<Duration>,
     /// Longest wait for the COMMIT of one batch, e.g. 10s; after it the connection is dropped
     /// and the batch counts as not settled (a primary whose synchronous standby is gone never
     /// answers). Default: 10s.

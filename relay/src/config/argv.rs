@@ -32,6 +32,7 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
         mandatory,
         publish_timeout,
         commit_timeout,
+        broker_heartbeat,
         max_attempts,
         dead_letter_exchange,
         poll_interval,
@@ -69,6 +70,7 @@ pub fn run_argv(args: &RunArgs) -> Vec<String> {
     argv.shown("mandatory", mandatory);
     argv.duration("publish-timeout", publish_timeout);
     argv.duration("commit-timeout", commit_timeout);
+    argv.duration("broker-heartbeat", broker_heartbeat);
     argv.shown("max-attempts", max_attempts);
     argv.text("dead-letter-exchange", dead_letter_exchange);
     argv.duration("poll-interval", poll_interval);
@@ -110,6 +112,8 @@ fn table_argv(argv: &mut Argv, args: &TableArgs) {
         database_password_file,
         database_pool_mode,
         session_database_url: _,
+        idle_in_transaction_timeout,
+        dead_client_timeout,
         table,
         columns,
         mode,
@@ -122,6 +126,8 @@ fn table_argv(argv: &mut Argv, args: &TableArgs) {
         &database_password_file.as_ref().map(|path| path.display()),
     );
     argv.named("database-pool-mode", database_pool_mode);
+    argv.duration("idle-in-transaction-timeout", idle_in_transaction_timeout);
+    argv.duration("dead-client-timeout", dead_client_timeout);
     argv.text("table", table);
     for role in ColumnRole::ALL {
         argv.text(role.option(), &columns.get(role).cloned());
@@ -213,6 +219,8 @@ mod tests {
                 database_password_file: Some("/var/run/secrets/db/password".into()),
                 database_pool_mode: Some(crate::database::PoolMode::Transaction),
                 session_database_url: None,
+                idle_in_transaction_timeout: Some(Duration::from_secs(40)),
+                dead_client_timeout: Some(Duration::from_secs(12)),
                 table: Some("sales.events".into()),
                 columns: ColumnArgs {
                     id: Some("event_id".into()),
@@ -251,6 +259,7 @@ mod tests {
             mandatory: Some(true),
             publish_timeout: Some(Duration::from_secs(3)),
             commit_timeout: Some(Duration::from_secs(4)),
+            broker_heartbeat: Some(Duration::from_secs(7)),
             max_attempts: Some(9),
             dead_letter_exchange: Some("sales.dlx".into()),
             poll_interval: Some(Duration::from_millis(50)),

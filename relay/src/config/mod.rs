@@ -20,7 +20,7 @@ use crate::broker::cloudevents::{self, CloudEvents, CloudEventsMode};
 use crate::broker::routing::{ExchangeType, RoutingKey};
 use crate::broker::tls::BrokerTls;
 use crate::broker::urls::BrokerUrls;
-use crate::database::{DatabaseTarget, PoolMode};
+use crate::database::{DatabaseTarget, PoolMode, SessionBounds};
 use crate::defaults::{self, AMQP_SHORT_STRING_MAX};
 use crate::secret_url::{SecretUrl, UrlKind};
 use crate::table::ident::{Ident, TableName};
@@ -34,6 +34,9 @@ pub struct TableConfig {
     pub pool_mode: PoolMode,
     /// `--session-database-url`: a session of its own under a transaction pool; None otherwise.
     pub session_database: Option<DatabaseTarget>,
+    /// What every session of the relay's own tells the server (the targets carry it, but for
+    /// a transaction pool's).
+    pub session_bounds: SessionBounds,
     pub table: OutboxTable,
     pub relay_name: String,
 }
@@ -99,6 +102,8 @@ pub struct RelayConfig {
     pub mandatory: bool,
     pub publish_timeout: Duration,
     pub commit_timeout: Duration,
+    /// The AMQP 0-9-1 heartbeat asked for (see `--broker-heartbeat`).
+    pub broker_heartbeat: Duration,
     pub max_attempts: i32,
     pub dead_letter_exchange: Option<String>,
     pub poll_interval: Duration,
@@ -433,7 +438,12 @@ fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig
             password_file.clone(),
         )),
     };
-    let database = DatabaseTarget::new(database_url, password_file);
+    let session_bounds = session_bounds(args, file)?;
+    let session_database =
+        session_database.map(|target| target.with_session_bounds(Some(session_bounds)));
+    // A SET under a transaction pool would stay on a server session other clients get next.
+    let database = DatabaseTarget::new(database_url, password_file)
+        .with_session_bounds((pool_mode == PoolMode::Session).then_some(session_bounds));
     for (field, target) in [
         ("database-url", Some(&database)),
         ("session-database-url", session_database.as_ref()),
@@ -446,6 +456,7 @@ fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig
         database,
         pool_mode,
         session_database,
+        session_bounds,
         table: OutboxTable {
             name,
             columns,
@@ -453,6 +464,43 @@ fn resolve_table_with(args: &TableArgs, file: &FileConfig) -> Result<TableConfig
             ordering,
         },
         relay_name,
+    })
+}
+
+/// `--idle-in-transaction-timeout` and `--dead-client-timeout`, in whole seconds of at least
+/// what the server can act on.
+fn session_bounds(args: &TableArgs, file: &FileConfig) -> Result<SessionBounds, ConfigError> {
+    let idle_in_transaction = duration(
+        "idle-in-transaction-timeout",
+        args.idle_in_transaction_timeout,
+        &file.idle_in_transaction_timeout,
+    )?
+    .unwrap_or(defaults::IDLE_IN_TRANSACTION_TIMEOUT);
+    let dead_client = duration(
+        "dead-client-timeout",
+        args.dead_client_timeout,
+        &file.dead_client_timeout,
+    )?
+    .unwrap_or(defaults::DEAD_CLIENT_TIMEOUT);
+    if idle_in_transaction < Duration::from_secs(1) {
+        return Err(ConfigError::new(
+            "idle-in-transaction-timeout",
+            "must be at least 1s: the server would end sessions while a batch awaits its \
+             confirms",
+        ));
+    }
+    if dead_client < defaults::DEAD_CLIENT_TIMEOUT_MIN {
+        return Err(ConfigError::new(
+            "dead-client-timeout",
+            format!(
+                "must be at least {}s: a keepalive probe and three retries take whole seconds",
+                defaults::DEAD_CLIENT_TIMEOUT_MIN.as_secs()
+            ),
+        ));
+    }
+    Ok(SessionBounds {
+        idle_in_transaction,
+        dead_client,
     })
 }
 
@@ -464,6 +512,23 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
 fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, ConfigError> {
     let db = resolve_table_with(&args.table, file)?;
     db.require_writes()?;
+    let publish_timeout = duration(
+        "publish-timeout",
+        args.publish_timeout,
+        &file.publish_timeout,
+    )?
+    .unwrap_or(defaults::PUBLISH_TIMEOUT);
+    if db.session_bounds.idle_in_transaction <= publish_timeout {
+        return Err(ConfigError::new(
+            "idle-in-transaction-timeout",
+            format!(
+                "({:?}) must be longer than --publish-timeout ({publish_timeout:?}): a batch awaits \
+                 its confirms inside its transaction, and the server would end it meanwhile; \
+                 raise it, or lower --publish-timeout",
+                db.session_bounds.idle_in_transaction
+            ),
+        ));
+    }
 
     let broker_protocol = layer(&args.broker_protocol, &file.broker_protocol).unwrap_or_default();
     let broker_urls = broker_urls(args, file)?;
@@ -566,14 +631,15 @@ fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, Co
         publisher_confirms: layer(&args.publisher_confirms, &file.publisher_confirms)
             .unwrap_or(defaults::PUBLISHER_CONFIRMS),
         mandatory: layer(&args.mandatory, &file.mandatory).unwrap_or(defaults::MANDATORY),
-        publish_timeout: duration(
-            "publish-timeout",
-            args.publish_timeout,
-            &file.publish_timeout,
-        )?
-        .unwrap_or(defaults::PUBLISH_TIMEOUT),
+        publish_timeout,
         commit_timeout: duration("commit-timeout", args.commit_timeout, &file.commit_timeout)?
             .unwrap_or(defaults::COMMIT_TIMEOUT),
+        broker_heartbeat: duration(
+            "broker-heartbeat",
+            args.broker_heartbeat,
+            &file.broker_heartbeat,
+        )?
+        .unwrap_or(defaults::BROKER_HEARTBEAT),
         max_attempts,
         dead_letter_exchange,
         poll_interval: duration("poll-interval", args.poll_interval, &file.poll_interval)?
@@ -616,6 +682,23 @@ mod tests {
             amqp_url: Some("amqp://guest:guest@localhost:5672/%2f".into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn every_session_of_its_own_carries_the_bounds_and_a_transaction_pool_none() {
+        let mut args = run_args();
+        args.table.idle_in_transaction_timeout = Some(Duration::from_secs(45));
+        let config = resolve_run(&args).unwrap();
+        let bounds = config.db.database.session_bounds().copied().unwrap();
+        assert_eq!(bounds.idle_in_transaction, Duration::from_secs(45));
+        assert_eq!(bounds.dead_client, defaults::DEAD_CLIENT_TIMEOUT);
+
+        args.table.database_pool_mode = Some(PoolMode::Transaction);
+        args.table.session_database_url = Some("postgres://u:pw@localhost:5432/test".into());
+        let config = resolve_run(&args).unwrap();
+        assert_eq!(config.db.database.session_bounds(), None);
+        let session = config.db.session_database.as_ref().unwrap();
+        assert_eq!(session.session_bounds(), Some(&bounds));
     }
 
     #[test]
@@ -982,6 +1065,21 @@ mod tests {
                 "database-url",
             ),
             (Box::new(|a| a.exchange = Some("x".repeat(300))), "exchange"),
+            (
+                Box::new(|a| a.table.dead_client_timeout = Some(Duration::from_secs(2))),
+                "dead-client-timeout",
+            ),
+            (
+                Box::new(|a| {
+                    a.table.idle_in_transaction_timeout = Some(Duration::from_millis(500));
+                }),
+                "idle-in-transaction-timeout",
+            ),
+            // The server would end a batch's session while it awaits its confirms.
+            (
+                Box::new(|a| a.table.idle_in_transaction_timeout = Some(Duration::from_secs(8))),
+                "idle-in-transaction-timeout",
+            ),
         ];
         for (mutate, field) in cases {
             let mut args = run_args();
@@ -1062,6 +1160,15 @@ mod tests {
             ("max_attempts", defaults::MAX_ATTEMPTS.to_string()),
             ("publish_timeout", duration(defaults::PUBLISH_TIMEOUT)),
             ("commit_timeout", duration(defaults::COMMIT_TIMEOUT)),
+            ("broker_heartbeat", duration(defaults::BROKER_HEARTBEAT)),
+            (
+                "idle_in_transaction_timeout",
+                duration(defaults::IDLE_IN_TRANSACTION_TIMEOUT),
+            ),
+            (
+                "dead_client_timeout",
+                duration(defaults::DEAD_CLIENT_TIMEOUT),
+            ),
             ("poll_interval", duration(defaults::POLL_INTERVAL)),
             ("metrics_addr", defaults::METRICS_ADDR.to_string()),
             (

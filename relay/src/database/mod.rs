@@ -11,6 +11,7 @@
 //! - [`plan`]: the hosts of a libpq multi-host URL, each resolved, and how to choose (pure);
 //! - [`failure`]: why a connect failed, and what fixes it;
 //! - [`pool_mode`]: whether connections are sessions of their own or lent per transaction;
+//! - [`session_bounds`]: what every session tells the server, so no claim outlives its relay;
 //! - [`connect`](connect()): the attempt itself: the hosts in turn, each with a time limit and
 //!   libpq's `allow` fallback, a server of the wrong kind closed before use.
 
@@ -19,6 +20,7 @@ pub mod options;
 pub mod plan;
 pub mod pool_mode;
 pub mod session_attrs;
+pub mod session_bounds;
 pub mod target;
 
 use rand::seq::SliceRandom;
@@ -36,6 +38,7 @@ pub use options::APPLICATION_NAME;
 pub use plan::Choice;
 pub use pool_mode::PoolMode;
 pub use session_attrs::SessionAttrs;
+pub use session_bounds::SessionBounds;
 pub use target::{DatabaseTarget, Pem, TlsMaterial};
 
 /// The hosts of `target` and their options for new connections, its password file (if any)
@@ -107,11 +110,11 @@ async fn connect_choosing(
                 }
             };
             if !plan.attrs.asks_the_server() {
-                return Ok((conn, host.resolved.clone()));
+                return bound(conn, &host.resolved, target).await;
             }
             match server_role(&mut conn).await {
                 Ok(role) if plan.attrs.accepts(role, pass) => {
-                    return Ok((conn, host.resolved.clone()));
+                    return bound(conn, &host.resolved, target).await;
                 }
                 Ok(role) => {
                     if let Some(counter) = refusals {
@@ -131,6 +134,44 @@ async fn connect_choosing(
         }
     }
     Err(ConnectFailure::of_every_host(plan.attrs, failures))
+}
+
+/// The connection chosen, once the server knows its bounds (see [`SessionBounds`]).
+async fn bound(
+    mut conn: PgConnection,
+    resolved: &Resolved,
+    target: &DatabaseTarget,
+) -> Result<(PgConnection, Resolved), ConnectFailure> {
+    if let Err(e) = tell_bounds(&mut conn, target).await {
+        let _ = conn.close().await;
+        return Err(ConnectFailure::classify(&e, resolved, target));
+    }
+    Ok((conn, resolved.clone()))
+}
+
+/// Sets `target`'s session bounds on `conn`, in the simple protocol (one round trip).
+async fn tell_bounds(conn: &mut PgConnection, target: &DatabaseTarget) -> Result<(), sqlx::Error> {
+    let Some(bounds) = target.session_bounds() else {
+        return Ok(());
+    };
+    let url_options = url_options(target);
+    match bounds.statement(url_options.as_deref()) {
+        Some(statement) => sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(conn)
+            .await
+            .map(drop),
+        None => Ok(()),
+    }
+}
+
+/// The URL's own `options` parameter (libpq's startup options), if it has one.
+fn url_options(target: &DatabaseTarget) -> Option<String> {
+    let parsed = url::Url::parse(target.url().expose()).ok()?;
+    parsed
+        .query_pairs()
+        .filter(|(key, _)| key == "options")
+        .map(|(_, value)| value.into_owned())
+        .last()
 }
 
 /// One host, with libpq's `allow` fallback.
@@ -174,8 +215,13 @@ async fn server_role(conn: &mut PgConnection) -> Result<ServerRole, sqlx::Error>
 pub async fn listener_pool(target: &DatabaseTarget) -> Result<sqlx::PgPool, ConnectFailure> {
     let (conn, resolved) = connect_choosing(target, None).await?;
     let _ = conn.close().await;
+    let for_each = target.clone();
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
+        .after_connect(move |conn, _| {
+            let target = for_each.clone();
+            Box::pin(async move { tell_bounds(conn, &target).await })
+        })
         .connect_with(resolved.options.clone())
         .await
         .map_err(|e| ConnectFailure::classify(&e, &resolved, target))

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use sqlx::postgres::PgSslMode;
 
+use super::session_bounds::SessionBounds;
 use crate::secret_url::SecretUrl;
 
 /// A PostgreSQL endpoint. Shows as the redacted URL; the password file's path and the names of
@@ -15,6 +16,9 @@ pub struct DatabaseTarget {
     url: SecretUrl,
     password: Password,
     tls: Option<TlsMaterial>,
+    /// Told to the server by every new session; None under a transaction pool, where a `SET`
+    /// would stay on a server session other clients get next.
+    bounds: Option<SessionBounds>,
 }
 
 /// Where the password comes from.
@@ -65,6 +69,7 @@ impl DatabaseTarget {
             url,
             password,
             tls: None,
+            bounds: Some(SessionBounds::default()),
         }
     }
 
@@ -86,6 +91,17 @@ impl DatabaseTarget {
     pub fn with_tls(mut self, tls: TlsMaterial) -> Self {
         self.tls = Some(tls);
         self
+    }
+
+    /// The same target with other session bounds; None sends none (a transaction pool).
+    pub fn with_session_bounds(mut self, bounds: Option<SessionBounds>) -> Self {
+        self.bounds = bounds;
+        self
+    }
+
+    /// What every new session tells the server (see [`SessionBounds`]).
+    pub fn session_bounds(&self) -> Option<&SessionBounds> {
+        self.bounds.as_ref()
     }
 
     pub fn url(&self) -> &SecretUrl {
@@ -146,6 +162,7 @@ impl fmt::Debug for DatabaseTarget {
             .field("url", &self.url)
             .field("password", &self.password_origin())
             .field("tls", &self.tls)
+            .field("bounds", &self.bounds)
             .finish()
     }
 }

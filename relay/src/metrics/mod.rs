@@ -102,6 +102,8 @@ pub struct Metrics {
     /// COMMIT did not return in time.
     pub database_connections_discarded: IntCounter,
     pub broker_connected: IntGauge,
+    /// Worker connections the broker blocks (`connection.blocked`: a memory or disk alarm).
+    pub broker_blocked: IntGauge,
     pub workers_busy: IntGauge,
     /// 1 while delivery is suspended (SIGUSR1 until SIGUSR2): no claims, the backlog still
     /// measured.
@@ -262,6 +264,14 @@ impl Metrics {
                 IntGauge::new(
                     "outbox_relay_broker_connected",
                     "Workers connected to the broker",
+                ),
+            ),
+            broker_blocked: registered(
+                r,
+                IntGauge::new(
+                    "outbox_relay_broker_blocked",
+                    "Worker connections the broker blocks from publishing (connection.blocked: \
+                     a memory or disk alarm); they claim nothing until it lifts",
                 ),
             ),
             workers_busy: registered(

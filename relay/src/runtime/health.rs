@@ -15,7 +15,14 @@ pub struct Health {
     database: Arc<Mutex<Option<Problem>>>,
     /// What the process last said about the database's state, so its tasks say it once.
     database_said: Announcer,
+    /// The same for the broker's alarm (`connection.blocked`), which every worker meets.
+    blocked_said: Announcer,
 }
+
+/// Why nothing is claimed while the broker blocks publishing, and what to look at.
+pub const BROKER_BLOCKED: &str = "the broker blocks publishing (connection.blocked: a memory or \
+     disk alarm; `rabbitmqctl status` lists the alarms): nothing is claimed, and no rows are held, \
+     until it lifts";
 
 impl Health {
     /// Records where a worker's broker link stands after its connect step: connected (just now
@@ -50,6 +57,20 @@ impl Health {
             _ => format!("{doing}: {e}; retrying"),
         };
         self.database_said.should_say(&state).then_some(state)
+    }
+
+    /// A worker's broker connection is blocked by an alarm: the problem `/readyz` and the
+    /// reports show until a connect or an unblocked connection clears it.
+    pub fn broker_blocked(&self) {
+        *lock(&self.broker) = Some(Problem {
+            kind: ProblemKind::BrokerBlocked,
+            message: BROKER_BLOCKED.to_string(),
+        });
+    }
+
+    /// Shared by the workers, for the broker's alarm: said once for the process.
+    pub fn blocked_said(&self) -> &Announcer {
+        &self.blocked_said
     }
 
     /// Shared by the tasks that connect to the database: a state they all meet is said once.

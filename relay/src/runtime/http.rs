@@ -40,8 +40,9 @@ async fn render_metrics(State(Endpoints { metrics, .. }): State<Endpoints>) -> i
 async fn readiness(State(endpoints): State<Endpoints>) -> impl IntoResponse {
     let db = endpoints.metrics.database_connected.get() > 0;
     let broker = endpoints.metrics.broker_connected.get() > 0;
+    let blocked = endpoints.metrics.broker_blocked.get() > 0;
     let mut body = String::new();
-    let status = if db && broker {
+    let status = if db && broker && !blocked {
         StatusCode::OK
     } else {
         // First, so a probe's truncated output still shows it.
@@ -51,7 +52,12 @@ async fn readiness(State(endpoints): State<Endpoints>) -> impl IntoResponse {
         }
         StatusCode::SERVICE_UNAVAILABLE
     };
-    body.push_str(&format!("database: {}\nbroker: {}\n", up(db), up(broker)));
+    let broker_state = if blocked {
+        "connected, blocked by an alarm"
+    } else {
+        up(broker)
+    };
+    body.push_str(&format!("database: {}\nbroker: {broker_state}\n", up(db)));
     body.push_str(if endpoints.metrics.suspended.get() > 0 {
         "delivery: suspended (SIGUSR2 resumes)\n"
     } else {

@@ -321,6 +321,7 @@ pub async fn run(
                 confirms: config.publisher_confirms,
                 mandatory: config.mandatory,
                 timeout: config.publish_timeout,
+                heartbeat: config.broker_heartbeat,
                 content_type,
                 declare_exchange: config.declare_exchange,
                 connection_name,

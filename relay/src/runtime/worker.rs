@@ -21,7 +21,7 @@ use crate::protocol::batch::{BatchError, BatchSettings, run_batch_up_to};
 use crate::protocol::claim::ClaimStart;
 use crate::protocol::cursor::ClaimCursor;
 use crate::runtime::backoff::Backoff;
-use crate::runtime::health::Health;
+use crate::runtime::health::{BROKER_BLOCKED, Health};
 use crate::runtime::lanes::Lanes;
 use crate::runtime::nacks::NackPause;
 use crate::runtime::rate::RateGate;
@@ -74,7 +74,10 @@ impl<C> WorkerContext<C> {
     }
 }
 
-/// Tracks one connection's contribution to a "connected" gauge.
+/// How often a worker looks again whether the broker still blocks publishing.
+const BLOCKED_RECHECK: Duration = Duration::from_secs(1);
+
+/// Tracks one connection's contribution to a "connected" (or "blocked") gauge.
 struct ConnectedFlag {
     gauge: prometheus::IntGauge,
     up: bool,
@@ -166,6 +169,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         Link::new("PostgreSQL", ctx.metrics.database_connected.clone());
     let mut broker: Link<C::Publisher> =
         Link::new("the broker", ctx.metrics.broker_connected.clone());
+    let mut blocked = ConnectedFlag::new(ctx.metrics.broker_blocked.clone());
     let mut wake = ctx.wake.clone();
     let mut cursor = ClaimCursor::default();
     let mut lanes = ctx.lanes_of.as_deref().map(Lanes::new);
@@ -215,10 +219,28 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         let connected = broker.ensure(ctx.broker.connect()).await;
         ctx.health.broker_connect(connected.as_ref().map(|_| ()));
         if let Err(e) = connected {
+            blocked.set(false);
             let delay = broker.next_delay();
             log_broker_failure(&e, ctx.broker.endpoint(), delay);
             pause(&ctx.shutdown, delay).await;
             continue;
+        }
+        // A blocked broker takes no publish: a claim now would hold its rows for nothing.
+        let is_blocked = broker.connection.as_ref().is_some_and(|p| p.is_blocked());
+        blocked.set(is_blocked);
+        if is_blocked {
+            ctx.health.broker_blocked();
+            if ctx.health.blocked_said().should_say(BROKER_BLOCKED) {
+                warn!("{BROKER_BLOCKED}");
+            }
+            pause(&ctx.shutdown, ctx.poll_interval.max(BLOCKED_RECHECK)).await;
+            continue;
+        }
+        if let Some(lasted) = ctx.health.blocked_said().over() {
+            info!(
+                after_s = lasted.as_secs(),
+                "the broker takes publishes again"
+            );
         }
 
         let seen_wake = *wake.borrow_and_update();

@@ -69,6 +69,8 @@ pub enum ProblemKind {
     BrokerAuth,
     /// A broker setting or file is unusable (CA file, client certificate, password file).
     BrokerSettings,
+    /// The broker blocks publishing (a memory or disk alarm): nothing is claimed until it lifts.
+    BrokerBlocked,
     /// A code this version does not know, written by a newer relay; kept as written.
     Other(String),
 }
@@ -86,6 +88,7 @@ impl ProblemKind {
             ProblemKind::BrokerTls => "BrokerTLS",
             ProblemKind::BrokerAuth => "BrokerAuth",
             ProblemKind::BrokerSettings => "BrokerSettings",
+            ProblemKind::BrokerBlocked => "BrokerBlocked",
             ProblemKind::Other(code) => code,
         }
     }
@@ -101,6 +104,7 @@ impl ProblemKind {
             "BrokerTLS" => ProblemKind::BrokerTls,
             "BrokerAuth" => ProblemKind::BrokerAuth,
             "BrokerSettings" => ProblemKind::BrokerSettings,
+            "BrokerBlocked" => ProblemKind::BrokerBlocked,
             other => ProblemKind::Other(other.to_string()),
         }
     }

@@ -211,6 +211,7 @@ fn settings(exchange: &str, dead_letter_exchange: Option<String>) -> AmqpSetting
         confirms: true,
         mandatory: false,
         timeout: Duration::from_secs(10),
+        heartbeat: outbox_relay::defaults::BROKER_HEARTBEAT,
         content_type: "application/json".into(),
         connection_name: "exchange-not-found test".into(),
         declare_exchange: None,

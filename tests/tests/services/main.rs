@@ -37,6 +37,7 @@ mod replay;
 mod reports;
 mod secure_broker;
 mod secure_postgres;
+mod session_bounds;
 mod settling_claim;
 mod suspend;
 mod table_health;

@@ -54,6 +54,7 @@ async fn connect_publisher(exchange: String) -> AmqpPublisher {
             confirms: true,
             mandatory: false,
             timeout: Duration::from_secs(10),
+            heartbeat: outbox_relay::defaults::BROKER_HEARTBEAT,
             content_type: "application/json".into(),
             connection_name: "publish-slots test".into(),
             declare_exchange: Some(ExchangeType::Fanout),

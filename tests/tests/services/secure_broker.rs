@@ -46,6 +46,7 @@ async fn rabbit(
         confirms: true,
         mandatory: false,
         timeout: Duration::from_secs(10),
+        heartbeat: outbox_relay::defaults::BROKER_HEARTBEAT,
         content_type: "application/json".into(),
         connection_name: "secure broker test".into(),
         declare_exchange: Some(outbox_relay::broker::routing::ExchangeType::Fanout),

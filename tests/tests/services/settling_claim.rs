@@ -59,6 +59,7 @@ async fn publisher(exchange: &str, mandatory: bool) -> AmqpPublisher {
             confirms: true,
             mandatory,
             timeout: Duration::from_secs(10),
+            heartbeat: outbox_relay::defaults::BROKER_HEARTBEAT,
             content_type: "application/json".into(),
             connection_name: format!("settling-claim test {exchange}"),
             declare_exchange: None,
