@@ -19,29 +19,41 @@ struct Said {
     text: String,
     since: Instant,
     at: Instant,
+    /// Times the same text came up since it was last said.
+    unsaid: u64,
 }
 
 impl Announcer {
     /// True when `text` is to be said now: it is new, or it was last said [`REMIND_EVERY`] ago.
     pub fn should_say(&self, text: &str) -> bool {
-        self.should_say_at(text, Instant::now())
+        self.say_at(text, Instant::now()).is_some()
     }
 
-    fn should_say_at(&self, text: &str, now: Instant) -> bool {
+    /// [`Announcer::should_say`], telling how many times `text` came up unsaid since it was
+    /// last said (0 when it is new), for a reminder such as "12 attempts failed since".
+    pub fn say(&self, text: &str) -> Option<u64> {
+        self.say_at(text, Instant::now())
+    }
+
+    fn say_at(&self, text: &str, now: Instant) -> Option<u64> {
         let mut said = lock(&self.said);
         match said.as_mut() {
-            Some(last) if last.text == text && now.duration_since(last.at) < REMIND_EVERY => false,
+            Some(last) if last.text == text && now.duration_since(last.at) < REMIND_EVERY => {
+                last.unsaid += 1;
+                None
+            }
             Some(last) if last.text == text => {
                 last.at = now;
-                true
+                Some(std::mem::take(&mut last.unsaid))
             }
             _ => {
                 *said = Some(Said {
                     text: text.to_string(),
                     since: now,
                     at: now,
+                    unsaid: 0,
                 });
-                true
+                Some(0)
             }
         }
     }
@@ -66,18 +78,23 @@ mod tests {
     fn the_same_text_is_said_once_a_minute_and_a_new_one_at_once() {
         let announcer = Announcer::default();
         let start = Instant::now();
-        assert!(announcer.should_say_at("standby", start));
+        assert_eq!(announcer.say_at("standby", start), Some(0));
         for second in 1..60 {
             let at = start + Duration::from_secs(second);
-            assert!(
-                !announcer.should_say_at("standby", at),
+            assert_eq!(
+                announcer.say_at("standby", at),
+                None,
                 "said again at {second}s"
             );
         }
-        assert!(announcer.should_say_at("standby", start + REMIND_EVERY));
-        assert!(announcer.should_say_at("unreachable", start + REMIND_EVERY));
+        // The reminder counts what went unsaid.
+        assert_eq!(announcer.say_at("standby", start + REMIND_EVERY), Some(59));
+        assert_eq!(
+            announcer.say_at("unreachable", start + REMIND_EVERY),
+            Some(0)
+        );
         assert!(announcer.over().is_some());
         assert!(announcer.over().is_none());
-        assert!(announcer.should_say_at("standby", start + REMIND_EVERY));
+        assert_eq!(announcer.say_at("standby", start + REMIND_EVERY), Some(0));
     }
 }

@@ -184,6 +184,18 @@ pub enum ConnectError {
     Unavailable(Arc<dyn Error + Send + Sync>),
 }
 
+impl ConnectError {
+    /// The cause as a code: the metric label, and the problem code where one is reported.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConnectError::ExchangeNotFound { .. } => "ExchangeNotFound",
+            ConnectError::AddressNotFound { .. } => "AddressNotFound",
+            ConnectError::Refused { kind, .. } => kind.code(),
+            ConnectError::Unavailable(_) => "BrokerUnreachable",
+        }
+    }
+}
+
 /// The deliveries of one batch, in the order of the messages, and whether the connection must
 /// be replaced before the next batch.
 #[derive(Debug)]

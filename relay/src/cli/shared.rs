@@ -13,9 +13,30 @@ use crate::table::inspect::InspectError;
 /// Exit code for bad input: the user must change something.
 pub const USAGE: u8 = 2;
 
+/// The log filter unless `RUST_LOG` gives one (docs/troubleshooting.md).
+pub const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,lapin=warn";
+
+/// Libraries' lines for what the relay itself says, once for the process and with the fix:
+/// lapin's channel and connection errors (a missing exchange, a refused login, a lost
+/// connection: several lines per attempt, at ERROR) and rustls-platform-verifier's verification
+/// failures (the relay names the CA file). Off ahead of `RUST_LOG` too, which turns one back on
+/// by naming its target (`RUST_LOG=info,lapin::channel=debug`); the libraries' other lines stay.
+pub const EXPLAINED_LIBRARY_LINES: &str = "lapin::channel=off,lapin::channels=off,\
+     lapin::io_loop=off,rustls_platform_verifier::verification=off";
+
+/// The filter directives: the explained libraries' lines off, then `RUST_LOG` (or the default),
+/// whose directive for the same target wins.
+pub fn log_filter(rust_log: Option<&str>) -> String {
+    let chosen = rust_log
+        .map(str::trim)
+        .filter(|text| !text.is_empty())
+        .unwrap_or(DEFAULT_LOG_FILTER);
+    format!("{EXPLAINED_LIBRARY_LINES},{chosen}")
+}
+
 pub fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn,lapin=warn"));
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = tracing_subscriber::EnvFilter::new(log_filter(rust_log.as_deref()));
     // Colours only for a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
@@ -129,6 +150,48 @@ pub fn format_rate(per_sec: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lines a filter of `log_filter(rust_log)` lets through, of one line per target at
+    /// `ERROR`, written with each target named.
+    fn passed(rust_log: Option<&str>) -> String {
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(log_filter(rust_log)))
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!(target: "lapin::channel", "channel closed");
+            tracing::error!(target: "rustls_platform_verifier::verification::others", "unverified");
+            tracing::error!(target: "lapin::connection", "unexplained");
+            tracing::warn!(target: "outbox_relay::runtime::worker", "the relay's own");
+        });
+        String::from_utf8(lines.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn explained_library_lines_stay_off_unless_rust_log_names_them() {
+        for rust_log in [None, Some(""), Some("info"), Some("debug")] {
+            let text = passed(rust_log);
+            assert!(!text.contains("channel closed"), "{rust_log:?}: {text}");
+            assert!(!text.contains("unverified"), "{rust_log:?}: {text}");
+            assert!(text.contains("unexplained"), "{rust_log:?}: {text}");
+            assert!(text.contains("the relay's own"), "{rust_log:?}: {text}");
+        }
+        let named = passed(Some("info,lapin::channel=debug"));
+        assert!(named.contains("channel closed"), "{named}");
+    }
 
     #[test]
     fn rates_are_whole_messages_per_second() {

@@ -1,7 +1,7 @@
 //! The broker side of a process beyond "connected": which nodes of a broker list its workers
 //! are on, how often they moved, and how often the broker's nacks made them pause.
 
-use prometheus::{IntCounter, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::registered;
 
@@ -14,6 +14,9 @@ pub struct BrokerMetrics {
     /// Pauses taken because the broker nacked messages (the messages themselves are counted by
     /// `outbox_relay_publish_failures_total{reason="nack"}`).
     pub nack_pauses: IntCounter,
+    /// Failed connects by cause (BrokerUnreachable, BrokerAuth, BrokerTLS, BrokerSettings,
+    /// ExchangeNotFound, AddressNotFound): the log says a cause once a minute, this counts each.
+    pub connect_failures: IntCounterVec,
 }
 
 impl BrokerMetrics {
@@ -34,6 +37,17 @@ impl BrokerMetrics {
                 IntCounter::new(
                     "outbox_relay_broker_node_moves_total",
                     "Times the process connected to another broker node than before",
+                ),
+            ),
+            connect_failures: registered(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "outbox_relay_broker_connect_failures_total",
+                        "Failed broker connects by cause (reason: BrokerUnreachable, BrokerAuth, \
+                         BrokerTLS, BrokerSettings, ExchangeNotFound, AddressNotFound)",
+                    ),
+                    &["reason"],
                 ),
             ),
             nack_pauses: registered(

@@ -17,6 +17,9 @@ pub struct Health {
     database_said: Announcer,
     /// The same for the broker's alarm (`connection.blocked`), which every worker meets.
     blocked_said: Announcer,
+    /// The same for a broker the workers cannot connect to (unreachable, refusing, missing
+    /// its exchange): one line for the process, not one per worker per retry.
+    broker_said: Announcer,
 }
 
 /// Why nothing is claimed while the broker blocks publishing, and what to look at.
@@ -66,6 +69,11 @@ impl Health {
             kind: ProblemKind::BrokerBlocked,
             message: BROKER_BLOCKED.to_string(),
         });
+    }
+
+    /// Shared by the workers, for why they cannot connect to the broker.
+    pub fn broker_said(&self) -> &Announcer {
+        &self.broker_said
     }
 
     /// Shared by the workers, for the broker's alarm: said once for the process.

@@ -221,9 +221,17 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         if let Err(e) = connected {
             blocked.set(false);
             let delay = broker.next_delay();
-            log_broker_failure(&e, ctx.broker.endpoint(), delay);
+            ctx.metrics
+                .broker
+                .connect_failures
+                .with_label_values(&[e.code()])
+                .inc();
+            log_broker_failure(&ctx, &e, delay);
             pause(&ctx.shutdown, delay).await;
             continue;
+        }
+        if let Some(lasted) = ctx.health.broker_said().over() {
+            info!(endpoint = %ctx.broker.endpoint(), after_s = lasted.as_secs(), "the broker accepts the relay again");
         }
         // A blocked broker takes no publish: a claim now would hold its rows for nothing.
         let is_blocked = broker.connection.as_ref().is_some_and(|p| p.is_blocked());
@@ -385,19 +393,29 @@ fn drop_database(db: &mut Link<PgConnection>, lanes: Option<&mut Lanes>, metrics
     drop(db.take());
 }
 
-/// Once per failed attempt. A missing exchange is a fact the broker stated, not an outage: its
-/// message says what to do instead of "cannot reach".
-fn log_broker_failure(error: &ConnectError, endpoint: &(dyn Display + Sync), delay: Duration) {
+/// A failed connect, said once for the process (not per worker), then once a minute with the
+/// attempts that failed since (the metric counts each). A missing exchange is a fact the
+/// broker stated, not an outage: its message says what to do instead of "cannot reach".
+fn log_broker_failure<C: Connector>(ctx: &WorkerContext<C>, error: &ConnectError, delay: Duration) {
+    let endpoint: &dyn Display = ctx.broker.endpoint();
+    let Some(failed_since) = ctx
+        .health
+        .broker_said()
+        .say(&format!("{endpoint}: {error}"))
+    else {
+        return;
+    };
     let retry_in_ms = delay.as_millis();
+    let reason = error.code();
     match error {
         ConnectError::ExchangeNotFound { .. } | ConnectError::AddressNotFound { .. } => {
-            warn!(retry_in_ms, "{error}");
+            warn!(reason, failed_since, retry_in_ms, "{error}");
         }
-        ConnectError::Refused { kind, .. } => {
-            warn!(endpoint = %endpoint, reason = kind.code(), error = %error, retry_in_ms, "the broker refused the connection; retrying");
+        ConnectError::Refused { .. } => {
+            warn!(%endpoint, reason, error = %error, failed_since, retry_in_ms, "the broker refused the connection; retrying");
         }
         ConnectError::Unavailable(_) => {
-            warn!(endpoint = %endpoint, error = %error, retry_in_ms, "cannot reach the broker; retrying");
+            warn!(%endpoint, reason, error = %error, failed_since, retry_in_ms, "cannot reach the broker; retrying");
         }
     }
 }
