@@ -80,6 +80,9 @@ pub struct Metrics {
     pub published: IntCounter,
     pub dead_lettered: IntCounter,
     pub failures: IntCounterVec,
+    /// Lag reports that failed, by cause: a schema's (ReportTableMissing, ReportColumnMissing,
+    /// ReportPrivilege) or the database's (Database).
+    pub report_failures: IntCounterVec,
     /// Malformed W3C trace context (by header) left off messages that were still sent.
     pub trace_context_invalid: IntCounterVec,
     /// The relay's own spans handed to the OTLP endpoint, and those lost in exports that failed
@@ -147,6 +150,18 @@ impl Metrics {
                     Opts::new(
                         "outbox_relay_publish_failures_total",
                         "Messages not confirmed, by reason",
+                    ),
+                    &["reason"],
+                ),
+            ),
+            report_failures: registered(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "outbox_relay_report_failures_total",
+                        "Lag reports that failed, by reason (ReportTableMissing, \
+                         ReportColumnMissing, ReportPrivilege: fixed by a migration or a grant; \
+                         Database: retried on a new connection)",
                     ),
                     &["reason"],
                 ),
@@ -346,6 +361,8 @@ impl Metrics {
             .with_label_values(&["", "", ""]);
         metrics.table.autovacuum_enabled.with_label_values(&[""]);
         metrics.broker.node_connections.with_label_values(&[""]);
+        metrics.broker.connect_failures.with_label_values(&[""]);
+        metrics.report_failures.with_label_values(&[""]);
         metrics.registry.gather()
     }
 

@@ -17,6 +17,9 @@ pub struct Health {
     database_said: Announcer,
     /// The same for the broker's alarm (`connection.blocked`), which every worker meets.
     blocked_said: Announcer,
+    /// Why the lag report cannot be written (a missing report table, a privilege): shown on
+    /// `/readyz` beside the state, without making the process unready, since it still relays.
+    report: Arc<Mutex<Option<String>>>,
     /// The same for a broker the workers cannot connect to (unreachable, refusing, missing
     /// its exchange): one line for the process, not one per worker per retry.
     broker_said: Announcer,
@@ -71,6 +74,16 @@ impl Health {
         });
     }
 
+    /// Records why the lag report cannot be written, or that it can (None).
+    pub fn report_problem(&self, problem: Option<String>) {
+        *lock_text(&self.report) = problem;
+    }
+
+    /// Why the lag report cannot be written, if it cannot.
+    pub fn report_state(&self) -> Option<String> {
+        lock_text(&self.report).clone()
+    }
+
     /// Shared by the workers, for why they cannot connect to the broker.
     pub fn broker_said(&self) -> &Announcer {
         &self.broker_said
@@ -96,6 +109,11 @@ impl Health {
 }
 
 fn lock(slot: &Mutex<Option<Problem>>) -> std::sync::MutexGuard<'_, Option<Problem>> {
+    // A panic while holding the lock cannot leave an Option half-written.
+    slot.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lock_text(slot: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<String>> {
     // A panic while holding the lock cannot leave an Option half-written.
     slot.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -58,6 +58,9 @@ async fn readiness(State(endpoints): State<Endpoints>) -> impl IntoResponse {
         up(broker)
     };
     body.push_str(&format!("database: {}\nbroker: {broker_state}\n", up(db)));
+    if let Some(report) = endpoints.health.report_state() {
+        body.push_str(&format!("lag report: not written ({report})\n"));
+    }
     body.push_str(if endpoints.metrics.suspended.get() > 0 {
         "delivery: suspended (SIGUSR2 resumes)\n"
     } else {

@@ -11,6 +11,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::announce::Announcer;
 use crate::database::{DatabaseTarget, PoolMode, TRANSACTION_POOLING, behind_transaction_pooling};
 use crate::defaults::BACKLOG_CAP;
 use crate::metrics::Metrics;
@@ -90,14 +91,25 @@ impl ReportError {
                 format!(": {TRANSACTION_POOLING}")
             } else if step == WRITING && is_undefined_table(&source) {
                 // Only a missing report table is cured by a migration.
-                format!(
-                    ": the report table {reports} does not exist; run `outbox-relay migrate` for \
-                     this table"
-                )
+                format!(": the report table {reports} does not exist")
             } else {
                 String::new()
             };
             Self { step, source, hint }
+        }
+    }
+}
+
+impl ReportError {
+    /// The cause when it is the schema's (a missing table or column, a privilege): the user's
+    /// to fix, which a new connection does not cure.
+    fn schema_cause(&self) -> Option<&'static str> {
+        let code = self.source.as_database_error()?.code()?;
+        match code.as_ref() {
+            "42P01" => Some("ReportTableMissing"),
+            "42703" => Some("ReportColumnMissing"),
+            "42501" => Some("ReportPrivilege"),
+            _ => None,
         }
     }
 }
@@ -112,8 +124,19 @@ fn is_undefined_table(error: &sqlx::Error) -> bool {
         .is_some_and(|code| code == "42P01")
 }
 
+/// What fixes a report the schema refuses.
+fn schema_fix(table: &TableName) -> String {
+    format!(
+        "run `outbox-relay migrate --table {table}` as a role that may create tables (or let \
+         the operator migrate it), and grant the relay's role INSERT, UPDATE and DELETE on the \
+         report table"
+    )
+}
+
 pub async fn run_reporter(ctx: ReporterContext) {
     let mut session: Option<Session> = None;
+    // A failing report is said once, then once a minute: the same cause every interval.
+    let report_said = Announcer::default();
     let mut last_total = ctx.published_total.load(Ordering::Relaxed);
     let mut last_at = Instant::now();
     let mut ticker = tokio::time::interval(ctx.interval);
@@ -150,9 +173,41 @@ pub async fn run_reporter(ctx: ReporterContext) {
             }
         }
         let current = session.as_mut().expect("connected above");
-        if let Err(e) = report(&ctx, current, total, rate).await {
-            warn!(error = %e, "the lag report failed; reconnecting for the next one");
-            session = None;
+        match report(&ctx, current, total, rate).await {
+            Ok(()) => {
+                ctx.health.report_problem(None);
+                if let Some(lasted) = report_said.over() {
+                    info!(
+                        after_s = lasted.as_secs(),
+                        "the lag report is written again"
+                    );
+                }
+            }
+            Err(e) => {
+                let cause = e.schema_cause();
+                ctx.metrics
+                    .report_failures
+                    .with_label_values(&[cause.unwrap_or("Database")])
+                    .inc();
+                let failed_since = report_said.say(&e.to_string());
+                match cause {
+                    // The same on every connection: said once a minute, not reconnected for.
+                    Some(cause) => {
+                        let fix = schema_fix(&ctx.table.name);
+                        if let Some(failed_since) = failed_since {
+                            warn!(error = %e, reason = cause, failed_since, "the lag report cannot be written: {fix}; the relay relays meanwhile");
+                        }
+                        ctx.health
+                            .report_problem(Some(format!("{cause}: {e}; {fix}")));
+                    }
+                    None => {
+                        if let Some(failed_since) = failed_since {
+                            warn!(error = %e, failed_since, "the lag report failed; reconnecting for the next one");
+                        }
+                        session = None;
+                    }
+                }
+            }
         }
     }
     // A stopping pod removes its row so its rate no longer counts.

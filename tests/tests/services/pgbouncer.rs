@@ -20,7 +20,7 @@ use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::Ident;
 use outbox_tests::ordering::{check, expected_order};
 use outbox_tests::tls::{SCRAM_PASSWORD, url_on};
-use outbox_tests::{broker, db, process, unique, wait};
+use outbox_tests::{broker, db, http, process, unique, wait};
 use sqlx::PgConnection;
 
 const PGBOUNCER_PORT: u16 = 6432;
@@ -529,15 +529,37 @@ async fn a_failed_lag_report_says_what_failed() {
         },
     )
     .await;
+    assert!(told.is_ok(), "relay log:\n{}", relay.log_text());
+    // Four more report intervals (5 s each): the cause is the same every time, so it is said
+    // once a minute, not each time, and the relay does not reconnect for it.
+    tokio::time::sleep(Duration::from_secs(20)).await;
     let log = relay.log_text();
-    assert!(told.is_ok(), "relay log:\n{log}");
     let reports = table.reports_table().to_string();
-    assert!(
-        log.contains(&format!(
-            "the report table {reports} does not exist; run `outbox-relay migrate`"
-        )),
+    let naming = |text: &str| log.lines().filter(|line| line.contains(text)).count();
+    assert_eq!(
+        naming(&format!("the report table {reports} does not exist")),
+        1,
         "{log}"
     );
+    assert_eq!(
+        naming(&format!("run `outbox-relay migrate --table {name}`")),
+        1,
+        "{log}"
+    );
+    assert_eq!(naming("reconnecting for the next one"), 0, "{log}");
+    let addr = relay.metrics_addr().await;
+    let (_, ready) = http::get(&addr, "/readyz").await;
+    assert!(
+        ready.contains("lag report: not written (ReportTableMissing:"),
+        "{ready}"
+    );
+    let (_, metrics) = http::get(&addr, "/metrics").await;
+    let failed = outbox_tests::metrics::value(
+        &metrics,
+        "outbox_relay_report_failures_total{reason=\"ReportTableMissing\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(failed >= 4.0, "{failed} failed reports counted:\n{metrics}");
     assert!(!log.contains("pool_mode = transaction"), "{log}");
     // The rows themselves go out: the report is not the relay.
     assert_eq!(consumer.wait_for(100, Duration::from_secs(30)).await, 100);
