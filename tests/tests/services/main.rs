@@ -35,6 +35,7 @@ mod relay_delivery;
 mod relay_faults;
 mod replay;
 mod reports;
+mod retried_causes;
 mod secure_broker;
 mod secure_postgres;
 mod session_bounds;

@@ -1,0 +1,170 @@
+//! A broker the relay cannot use, for a minute (issue 59): whatever the cause, the process says
+//! it once (not once per worker per retry), a library's own ERROR lines for it stay out of the
+//! log, the cause is in the metric and on `/readyz`, and once it is fixed (the password file or
+//! the CA file rewritten, both read at every connect) one line says so and the rows go out.
+
+use std::time::Duration;
+
+use lapin::ExchangeKind;
+use outbox_tests::{broker, db, http, metrics, process, tls, unique, wait};
+
+const ROWS: u64 = 50;
+/// The window the counts are taken over: the issue's "per minute".
+const WINDOW: Duration = Duration::from_secs(60);
+/// At most this many lines at WARN or above in the window, for the whole process.
+const MOST_LINES: usize = 3;
+
+/// Lines at WARN or above (the text format's level column), and those a library wrote.
+fn loud_lines(log: &str) -> (Vec<&str>, Vec<&str>) {
+    let loud: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .collect();
+    let libraries = loud
+        .iter()
+        .copied()
+        .filter(|line| !line.contains("outbox_relay"))
+        .collect();
+    (loud, libraries)
+}
+
+/// One cause: the broker URL, extra flags, the file to rewrite with `fix` (if it can be fixed
+/// mid-run), and the metric reason and `/readyz` code it must show.
+struct Cause<'a> {
+    name: &'a str,
+    url: String,
+    extra: Vec<String>,
+    fix: Option<(std::path::PathBuf, Vec<u8>)>,
+    reason: &'a str,
+    /// The problem code `/readyz` names; None for an outage (it says "not connected").
+    ready_code: Option<&'a str>,
+}
+
+async fn said_once_a_minute(cause: Cause<'_>) {
+    let table_name = unique(cause.name);
+    let table = db::table(&table_name);
+    let mut conn = db::seeded_table(&table, ROWS).await;
+    let exchange = unique(&format!("{}_x", cause.name));
+    let consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
+    let mut args = process::run_args(&table_name, &exchange, &["--workers", "4"]);
+    let extra: Vec<&str> = cause.extra.iter().map(String::as_str).collect();
+    args.extend_from_slice(&extra);
+    let mut relay =
+        process::spawn_relay_with_env(&table_name, &args, &[("AMQP_URL", cause.url.as_str())]);
+    let addr = relay.metrics_addr().await;
+    tokio::time::sleep(WINDOW).await;
+
+    let log = relay.log_text();
+    let (loud, libraries) = loud_lines(&log);
+    assert!(
+        libraries.is_empty(),
+        "{}: a library's own lines:\n{log}",
+        cause.name
+    );
+    assert!(
+        loud.len() <= MOST_LINES,
+        "{}: {} lines at WARN or above in a minute:\n{log}",
+        cause.name,
+        loud.len()
+    );
+    let (_, text) = http::get(&addr, "/metrics").await;
+    let series = format!(
+        "outbox_relay_broker_connect_failures_total{{reason=\"{}\"}}",
+        cause.reason
+    );
+    let attempts = metrics::value(&text, &series).unwrap_or(0.0);
+    assert!(
+        attempts >= 8.0,
+        "{}: {attempts} attempts counted in {series}",
+        cause.name
+    );
+    let (code, body) = http::get(&addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    match cause.ready_code {
+        Some(code) => assert!(
+            body.contains(&format!("not ready ({code}):")),
+            "{}: {body}",
+            cause.name
+        ),
+        None => assert!(body.contains("broker: not connected"), "{body}"),
+    }
+    assert_eq!(db::pending(&mut conn, &table).await, ROWS as i64);
+
+    if let Some((path, right)) = cause.fix {
+        std::fs::write(&path, right).expect("fix the file");
+        assert!(
+            db::wait_until_drained(&table, Duration::from_secs(40)).await,
+            "{}: not drained after the fix:\n{}",
+            cause.name,
+            relay.log_text()
+        );
+        assert_eq!(consumer.wait_for(ROWS, Duration::from_secs(20)).await, ROWS);
+        let log = relay.log_text();
+        let cleared = log
+            .lines()
+            .filter(|line| line.contains("the broker accepts the relay again"))
+            .count();
+        assert_eq!(cleared, 1, "{}: the end said once:\n{log}", cause.name);
+    }
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    consumer.close().await;
+}
+
+/// A file of the test's own, holding `bytes`.
+fn file_with(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(unique(name));
+    std::fs::write(&path, bytes).expect("write the file");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_is_said_once_a_minute_and_its_end_once() {
+    let password = file_with("broker-password", b"Wr0ng-S3cret\n");
+    said_once_a_minute(Cause {
+        name: "wrongpw",
+        url: outbox_tests::amqp_url(),
+        extra: vec![
+            "--broker-password-file".into(),
+            password.display().to_string(),
+        ],
+        fix: Some((password.clone(), b"guest\n".to_vec())),
+        reason: "BrokerAuth",
+        ready_code: Some("BrokerAuth"),
+    })
+    .await;
+    std::fs::remove_file(password).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_broker_certificate_is_said_once_a_minute_and_its_end_once() {
+    let read = |name: &str| std::fs::read(tls::file(name)).expect("the test CA files");
+    let ca = file_with("broker-ca", &read("other-ca.pem"));
+    said_once_a_minute(Cause {
+        name: "otherca",
+        url: "amqps://guest:guest@127.0.0.1:5671/%2f".into(),
+        extra: vec!["--broker-ca-file".into(), ca.display().to_string()],
+        fix: Some((ca.clone(), read("ca.pem"))),
+        reason: "BrokerTLS",
+        ready_code: Some("BrokerTLS"),
+    })
+    .await;
+    std::fs::remove_file(ca).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_broker_port_is_said_once_a_minute() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    said_once_a_minute(Cause {
+        name: "closedport",
+        url: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+        extra: Vec::new(),
+        fix: None,
+        reason: "BrokerUnreachable",
+        ready_code: None,
+    })
+    .await;
+}
