@@ -3,4 +3,5 @@
 
 pub mod consumer;
 pub mod faults;
+pub mod leaks;
 pub mod report;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lapin::ExchangeKind;
-use outbox_tests::{broker, db, http, metrics, process, tls, unique, wait};
+use outbox_tests::{broker, db, http, metrics, process, tls, unique};
 
 const ROWS: u64 = 50;
 /// The window the counts are taken over: the "per minute".
