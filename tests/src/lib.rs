@@ -22,6 +22,7 @@ pub mod node;
 pub mod oci;
 pub mod ordering;
 pub mod otel_collector;
+pub mod partition;
 pub mod pods;
 pub mod previous_release;
 pub mod process;

@@ -26,6 +26,7 @@ mod migration;
 mod mixed_versions;
 mod multi_host;
 mod otel_spans;
+mod partition;
 mod per_key_ordering;
 mod pg_failover;
 mod pgbouncer;
