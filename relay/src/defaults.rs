@@ -50,6 +50,12 @@ pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// stalls with them, and only from such a relay.
 pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The idle-in-transaction bound when none is given: [`IDLE_IN_TRANSACTION_TIMEOUT`], or 20 s
+/// above a longer publish timeout, so a batch awaiting its confirms is never ended for it.
+pub fn idle_in_transaction_timeout(publish_timeout: Duration) -> Duration {
+    IDLE_IN_TRANSACTION_TIMEOUT.max(publish_timeout + Duration::from_secs(20))
+}
+
 /// Within this the server ends the session of a relay that vanished behind a silent partition
 /// (server-side TCP keepalives and `tcp_user_timeout`), so its claimed rows go back to pending;
 /// without it the server waits for its kernel's keepalive, about two hours.

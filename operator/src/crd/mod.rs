@@ -532,6 +532,27 @@ pub struct RelaySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
     pub processed_retention: Option<String>,
+    /// How long PostgreSQL lets a relay session sit idle inside a transaction before it ends
+    /// the session and the rows it claimed return to pending: a pod that stalls with claims
+    /// holds them no longer. Longer than publishTimeout (a batch awaits its confirms inside
+    /// its transaction). Not sent under poolMode transaction. Absent: 30s, or 20s above a
+    /// longer publishTimeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub idle_in_transaction_timeout: Option<String>,
+    /// Within this PostgreSQL ends the session of a relay pod whose connection went silent (a
+    /// network partition, a node gone), so other pods take its claimed rows: server-side TCP
+    /// keepalives and tcp_user_timeout set per session. At least 4s. Not sent under poolMode
+    /// transaction. Absent: 15s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub dead_client_timeout: Option<String>,
+    /// The AMQP 0-9-1 heartbeat the pods ask the broker for (whole seconds; the lower of this
+    /// and the broker's wins): a broker that misses two is taken as gone and the batch in
+    /// flight is given back. Absent: 10s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub broker_heartbeat: Option<String>,
     /// Log format of the relay pods: json (the default, for log pipelines) or text.
     #[serde(default = "defaults::log_format")]
     pub log_format: LogFormat,
@@ -678,6 +699,9 @@ impl Default for RelaySpec {
             poll_interval: defaults::poll_interval(),
             report_interval: defaults::report_interval(),
             processed_retention: None,
+            idle_in_transaction_timeout: None,
+            dead_client_timeout: None,
+            broker_heartbeat: None,
             log_format: defaults::log_format(),
             termination_grace_period_seconds: defaults::termination_grace_period_seconds(),
             resources: None,

@@ -286,6 +286,9 @@ fn relay_args(relay: &OutboxRelay, plan: &RelayPlan, files: &ConnectionFiles) ->
             relay_name: Some(report_name(relay)),
             database_password_file: files.database_password_file.clone(),
             database_pool_mode: relay.spec.database.pool_mode,
+            // Rendered only when set, so Deployments made before they existed keep their hash.
+            idle_in_transaction_timeout: plan.idle_in_transaction_timeout,
+            dead_client_timeout: plan.dead_client_timeout,
             ..Default::default()
         },
         broker_password_file: files.broker_password_file.clone(),
@@ -309,6 +312,7 @@ fn relay_args(relay: &OutboxRelay, plan: &RelayPlan, files: &ConnectionFiles) ->
         publisher_confirms: (!amqp10).then_some(spec.broker.publisher_confirms),
         mandatory: (!amqp10).then_some(spec.broker.mandatory),
         publish_timeout: Some(plan.publish_timeout),
+        broker_heartbeat: plan.broker_heartbeat.filter(|_| !amqp10),
         max_attempts: Some(spec.relay.max_attempts.into()),
         dead_letter_exchange: spec.broker.dead_letter_exchange.clone(),
         poll_interval: Some(plan.poll_interval),

@@ -60,6 +60,11 @@ pub struct RelayPlan {
     pub poll_interval: Duration,
     pub report_interval: Duration,
     pub processed_retention: Option<Duration>,
+    /// `spec.relay.idleInTransactionTimeout`, `deadClientTimeout`, `brokerHeartbeat`: None
+    /// leaves the relay's default (and the Deployment as it was before they existed).
+    pub idle_in_transaction_timeout: Option<Duration>,
+    pub dead_client_timeout: Option<Duration>,
+    pub broker_heartbeat: Option<Duration>,
     /// A cleanup horizon older than this makes the relay Degraded (VacuumBlocked).
     pub vacuum_blocked_after: Duration,
     pub scaling: Option<ScalingPlan>,
@@ -239,6 +244,30 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         .processed_retention
         .as_deref()
         .map(|text| check.duration("spec.relay.processedRetention", text));
+    let optional = |check: &mut Checker, path: &str, text: &Option<String>| {
+        text.as_deref().and_then(|text| check.duration(path, text))
+    };
+    let idle_in_transaction_timeout = optional(
+        &mut check,
+        "spec.relay.idleInTransactionTimeout",
+        &relay.idle_in_transaction_timeout,
+    );
+    let dead_client_timeout = optional(
+        &mut check,
+        "spec.relay.deadClientTimeout",
+        &relay.dead_client_timeout,
+    );
+    let broker_heartbeat = optional(
+        &mut check,
+        "spec.relay.brokerHeartbeat",
+        &relay.broker_heartbeat,
+    );
+    check_session_bounds(
+        &mut check,
+        publish_timeout,
+        idle_in_transaction_timeout,
+        dead_client_timeout,
+    );
 
     let scaling = spec
         .scaling
@@ -286,11 +315,47 @@ pub fn validate(spec: &OutboxRelaySpec) -> Result<RelayPlan, SpecErrors> {
         poll_interval,
         report_interval,
         processed_retention: processed_retention.flatten(),
+        idle_in_transaction_timeout,
+        dead_client_timeout,
+        broker_heartbeat,
         vacuum_blocked_after,
         scaling: scaling.flatten(),
         suspended: spec.suspend,
         max_rate: relay.max_rate,
     })
+}
+
+/// The relay's own refusals of the session bounds (its --idle-in-transaction-timeout and
+/// --dead-client-timeout), said of the fields, so a pod never crash-loops on them.
+fn check_session_bounds(
+    check: &mut Checker,
+    publish_timeout: Option<Duration>,
+    idle_in_transaction: Option<Duration>,
+    dead_client: Option<Duration>,
+) {
+    // Unset, the relay keeps its default above the publish timeout by itself.
+    let publish = publish_timeout.unwrap_or(outbox_relay::defaults::PUBLISH_TIMEOUT);
+    if let Some(idle) = idle_in_transaction
+        && idle <= publish
+    {
+        check.fail(
+            "spec.relay.idleInTransactionTimeout",
+            format!(
+                "({idle:?}) must be longer than publishTimeout ({publish:?}): a batch awaits its \
+                 confirms inside its transaction, and the server would end it meanwhile"
+            ),
+        );
+    }
+    let least = outbox_relay::defaults::DEAD_CLIENT_TIMEOUT_MIN;
+    if dead_client.is_some_and(|dead| dead < least) {
+        check.fail(
+            "spec.relay.deadClientTimeout",
+            format!(
+                "must be at least {}s: a keepalive probe and three retries take whole seconds",
+                least.as_secs()
+            ),
+        );
+    }
 }
 
 /// The broker options that belong to the other protocol, refused as the relay would refuse
@@ -843,6 +908,40 @@ mod tests {
             "{}",
             all[3]
         );
+    }
+
+    #[test]
+    fn the_session_bounds_are_refused_as_the_relay_refuses_them() {
+        let mut spec = sample_spec();
+        spec.relay.publish_timeout = "20s".into();
+        // Unset: the relay keeps its bound above the publish timeout by itself.
+        assert!(validate(&spec).is_ok());
+        spec.relay.idle_in_transaction_timeout = Some("15s".into());
+        spec.relay.dead_client_timeout = Some("2s".into());
+        spec.relay.broker_heartbeat = Some("never".into());
+        let all = messages(&spec);
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(
+            all[0].starts_with("spec.relay.brokerHeartbeat: "),
+            "{all:?}"
+        );
+        assert!(
+            all[1].starts_with("spec.relay.idleInTransactionTimeout: (15s) must be longer than publishTimeout (20s)"),
+            "{all:?}"
+        );
+        assert_eq!(
+            all[2],
+            "spec.relay.deadClientTimeout: must be at least 4s: a keepalive probe and three retries take whole seconds"
+        );
+        spec.relay.idle_in_transaction_timeout = Some("25s".into());
+        spec.relay.dead_client_timeout = Some("4s".into());
+        spec.relay.broker_heartbeat = Some("5s".into());
+        let plan = validate(&spec).unwrap();
+        assert_eq!(
+            plan.idle_in_transaction_timeout,
+            Some(Duration::from_secs(25))
+        );
+        assert_eq!(plan.broker_heartbeat, Some(Duration::from_secs(5)));
     }
 
     #[test]

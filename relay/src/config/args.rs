@@ -42,8 +42,8 @@ pub struct TableArgs {
     /// How long the server lets a relay session sit idle inside a transaction before it ends
     /// the session, and the rows it claimed return to pending, e.g. 30s: a relay that stalls
     /// with claims holds them no longer. Longer than --publish-timeout (a batch awaits its
-    /// confirms inside its transaction). Not sent under --database-pool-mode transaction.
-    /// Default: 30s.
+    /// confirms inside its transaction; unset, it stays 20s above a longer one). Not sent
+    /// under --database-pool-mode transaction. Default: 30s.
     #[arg(long, env = "OUTBOX_RELAY_IDLE_IN_TRANSACTION_TIMEOUT", value_parser = positive_duration)]
     pub idle_in_transaction_timeout: Option<Duration>,
     /// Within this the server ends the session of a relay whose connection went silent (a

@@ -57,6 +57,16 @@ impl TableConfig {
         Ok(())
     }
 
+    /// The same configuration with another idle-in-transaction bound on every target that
+    /// carries bounds.
+    fn with_idle_in_transaction(mut self, idle: Duration) -> Self {
+        self.session_bounds.idle_in_transaction = idle;
+        let bounds = self.session_bounds;
+        self.database = rebound(self.database, bounds);
+        self.session_database = self.session_database.map(|s| rebound(s, bounds));
+        self
+    }
+
     /// Where to open a connection that `need` (what it is for, e.g. "per-key ordering") holds
     /// as one server session: `--database-url` when it is one, else `--session-database-url`;
     /// an error naming both settings when a transaction pool is all there is.
@@ -76,6 +86,12 @@ impl TableConfig {
             )),
         }
     }
+}
+
+/// `target` with `bounds` in place of its own, unless it carries none (a transaction pool).
+fn rebound(target: DatabaseTarget, bounds: SessionBounds) -> DatabaseTarget {
+    let carries = target.session_bounds().is_some();
+    target.with_session_bounds(carries.then_some(bounds))
 }
 
 /// Everything `run` needs.
@@ -510,7 +526,7 @@ pub fn resolve_run(args: &RunArgs) -> Result<RelayConfig, ConfigError> {
 }
 
 fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, ConfigError> {
-    let db = resolve_table_with(&args.table, file)?;
+    let mut db = resolve_table_with(&args.table, file)?;
     db.require_writes()?;
     let publish_timeout = duration(
         "publish-timeout",
@@ -518,6 +534,13 @@ fn resolve_run_with(args: &RunArgs, file: &FileConfig) -> Result<RelayConfig, Co
         &file.publish_timeout,
     )?
     .unwrap_or(defaults::PUBLISH_TIMEOUT);
+    let idle_given = args.table.idle_in_transaction_timeout.is_some()
+        || file.idle_in_transaction_timeout.is_some();
+    if !idle_given {
+        // The default follows a long publish timeout, so raising one never refuses the other.
+        let idle = defaults::idle_in_transaction_timeout(publish_timeout);
+        db = db.with_idle_in_transaction(idle);
+    }
     if db.session_bounds.idle_in_transaction <= publish_timeout {
         return Err(ConfigError::new(
             "idle-in-transaction-timeout",
@@ -699,6 +722,14 @@ mod tests {
         assert_eq!(config.db.database.session_bounds(), None);
         let session = config.db.session_database.as_ref().unwrap();
         assert_eq!(session.session_bounds(), Some(&bounds));
+
+        // Unset, the bound follows a long publish timeout instead of refusing it.
+        let mut args = run_args();
+        args.publish_timeout = Some(Duration::from_secs(60));
+        let config = resolve_run(&args).unwrap();
+        let bounds = config.db.database.session_bounds().copied().unwrap();
+        assert_eq!(bounds.idle_in_transaction, Duration::from_secs(80));
+        assert_eq!(config.db.session_bounds, bounds);
     }
 
     #[test]

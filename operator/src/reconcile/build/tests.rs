@@ -75,6 +75,9 @@ fn full_spec() -> OutboxRelaySpec {
     r.poll_interval = "50ms".into();
     r.report_interval = "2s".into();
     r.processed_retention = Some("168h".into());
+    r.idle_in_transaction_timeout = Some("40s".into());
+    r.dead_client_timeout = Some("12s".into());
+    r.broker_heartbeat = Some("5s".into());
     r.log_format = LogFormat::Text;
     r.termination_grace_period_seconds = 45;
     r.resources = Some(ResourceRequirements {
@@ -145,6 +148,9 @@ fn every_spec_field_lands_in_the_deployment() {
         ("attempts-column", "tries"),
         ("mode", "delete"),
         ("relay-name", "shop/orders"),
+        ("idle-in-transaction-timeout", "40s"),
+        ("dead-client-timeout", "12s"),
+        ("broker-heartbeat", "5s"),
         ("exchange", "sales"),
         ("routing-key", "sales.static"),
         ("batch-size", "1234"),
