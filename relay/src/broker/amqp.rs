@@ -85,7 +85,23 @@ pub struct AmqpPublisher {
     content_type: ShortString,
 }
 
+/// Longest wait for a polite close; a blocked or dead connection is then just dropped.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl AmqpPublisher {
+    /// A batch none of whose publishes could be written before the deadline: nothing is known
+    /// of any message. A blocked connection is kept (see the confirm timeout); another one is
+    /// replaced.
+    fn nothing_taken(&self, count: usize, publish_time: Duration) -> BatchOutcome {
+        let broken =
+            (!self.is_blocked()).then_some(BrokerFailure::ConfirmTimeout(self.settings.timeout));
+        BatchOutcome {
+            deliveries: vec![Delivery::Unknown(Unconfirmed::Timeout); count],
+            broken,
+            publish_time,
+        }
+    }
+
     pub async fn connect(url: &SecretUrl, settings: AmqpSettings) -> Result<Self, ConnectError> {
         let properties = ConnectionProperties::default()
             .with_connection_name(settings.connection_name.clone().into());
@@ -258,8 +274,14 @@ impl Publisher for AmqpPublisher {
             )
         });
         let mut broken = None;
-        let confirms: Vec<Option<PublisherConfirm>> = join_all(publishes)
-            .await
+        // The deadline covers the writes too: a connection the broker blocks (a memory or disk
+        // alarm) takes no frame, and lapin then writes nothing, so the publishes themselves
+        // would wait for the alarm to lift with the batch's rows locked.
+        let deadline = tokio::time::Instant::now() + self.settings.timeout;
+        let Ok(written) = tokio::time::timeout_at(deadline, join_all(publishes)).await else {
+            return self.nothing_taken(messages.len(), started.elapsed());
+        };
+        let confirms: Vec<Option<PublisherConfirm>> = written
             .into_iter()
             .map(|published| match published {
                 Ok(confirm) => Some(confirm),
@@ -271,7 +293,6 @@ impl Publisher for AmqpPublisher {
             .collect();
 
         let publish_time = started.elapsed();
-        let deadline = tokio::time::Instant::now() + self.settings.timeout;
         let mut settled = Vec::with_capacity(messages.len());
         let mut timed_out = false;
         for confirm in confirms {
@@ -341,8 +362,10 @@ impl Publisher for AmqpPublisher {
                 }
             });
         }
-        if timed_out {
-            // A late confirm on this channel would be ambiguous; start over on a fresh one.
+        if timed_out && !self.is_blocked() {
+            // A late confirm on this channel would be ambiguous; start over on a fresh one. A
+            // blocked connection is kept: a new one would look unblocked until it publishes,
+            // while this one tells the worker to claim nothing until the alarm lifts.
             broken.get_or_insert(BrokerFailure::ConfirmTimeout(self.settings.timeout));
         }
         BatchOutcome {
@@ -361,10 +384,9 @@ impl Publisher for AmqpPublisher {
     }
 
     async fn close(self) {
-        let _ = self
-            .connection
-            .close(200, "relay shutting down".into())
-            .await;
+        // Bounded: lapin writes nothing on a connection the broker blocks, the close included.
+        let close = self.connection.close(200, "relay shutting down".into());
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, close).await;
     }
 }
 

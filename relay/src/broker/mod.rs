@@ -215,6 +215,16 @@ impl BatchOutcome {
             publish_time: Duration::ZERO,
         }
     }
+
+    /// `count` messages never handed to the broker (it blocks publishing): their rows stay
+    /// pending with no attempt spent, and the connection is kept.
+    pub fn not_sent(count: usize) -> Self {
+        Self {
+            deliveries: vec![Delivery::Unknown(Unconfirmed::BrokerUnavailable); count],
+            broken: None,
+            publish_time: Duration::ZERO,
+        }
+    }
 }
 
 /// One open connection to a broker, able to publish batches.

@@ -454,6 +454,11 @@ async fn publish_in_slot<P: Publisher>(
         ),
         None => None,
     };
+    // While the slot was awaited another worker may have met the broker's alarm: publishing
+    // now would only wait out the publish timeout with the rows locked. Given back instead.
+    if publisher.is_blocked() || metrics.broker_blocked.get() > 0 {
+        return BatchOutcome::not_sent(messages.len());
+    }
     let started = Instant::now();
     let outcome = publisher.publish_batch(Target::Main, messages).await;
     drop(slot);

@@ -233,10 +233,13 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         if let Some(lasted) = ctx.health.broker_said().over() {
             info!(endpoint = %ctx.broker.endpoint(), after_s = lasted.as_secs(), "the broker accepts the relay again");
         }
-        // A blocked broker takes no publish: a claim now would hold its rows for nothing.
+        // A blocked broker takes no publish: a claim now would hold its rows for nothing. The
+        // alarm is the broker's, so one worker's blocked connection stops them all: the others'
+        // connections look unblocked until they publish (RabbitMQ says connection.blocked only
+        // then), and each would hold a claim through a publish timeout.
         let is_blocked = broker.connection.as_ref().is_some_and(|p| p.is_blocked());
         blocked.set(is_blocked);
-        if is_blocked {
+        if is_blocked || ctx.metrics.broker_blocked.get() > 0 {
             ctx.health.broker_blocked();
             if ctx.health.blocked_said().should_say(BROKER_BLOCKED) {
                 warn!("{BROKER_BLOCKED}");
