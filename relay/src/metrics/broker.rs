@@ -1,6 +1,9 @@
 //! The broker side of a process beyond "connected": which nodes of a broker list its workers
 //! are on, how often they moved, and how often the broker's nacks made them pause.
 
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::registered;
@@ -17,9 +20,33 @@ pub struct BrokerMetrics {
     /// Failed connects by cause (BrokerUnreachable, BrokerAuth, BrokerTLS, BrokerSettings,
     /// ExchangeNotFound, AddressNotFound): the log says a cause once a minute, this counts each.
     pub connect_failures: IntCounterVec,
+    /// When a publish last ended on a connection the broker blocks: noted before its publish
+    /// slot is released, so the next holder gives its claim back instead of publishing into the
+    /// alarm before that worker's loop has counted its blocked connection.
+    blocked_publish_at: Arc<Mutex<Option<Instant>>>,
 }
 
+/// How long a blocked publish stops the next slot holders: longer than a batch's commit and
+/// the worker's return to its loop, where the blocked connection is counted.
+const BLOCKED_PUBLISH_NOTICE: Duration = Duration::from_secs(5);
+
 impl BrokerMetrics {
+    /// A publish just ended on a blocked connection.
+    pub fn note_blocked_publish(&self) {
+        *self
+            .blocked_publish_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    /// Whether a publish ended on a blocked connection within the last few seconds.
+    pub fn blocked_publish_recently(&self) -> bool {
+        self.blocked_publish_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < BLOCKED_PUBLISH_NOTICE)
+    }
+
     pub fn new(r: &Registry) -> Self {
         Self {
             node_connections: registered(
@@ -50,6 +77,7 @@ impl BrokerMetrics {
                     &["reason"],
                 ),
             ),
+            blocked_publish_at: Arc::default(),
             nack_pauses: registered(
                 r,
                 IntCounter::new(

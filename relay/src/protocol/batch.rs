@@ -456,11 +456,19 @@ async fn publish_in_slot<P: Publisher>(
     };
     // While the slot was awaited another worker may have met the broker's alarm: publishing
     // now would only wait out the publish timeout with the rows locked. Given back instead.
-    if publisher.is_blocked() || metrics.broker_blocked.get() > 0 {
+    if publisher.is_blocked()
+        || metrics.broker_blocked.get() > 0
+        || metrics.broker.blocked_publish_recently()
+    {
         return BatchOutcome::not_sent(messages.len());
     }
     let started = Instant::now();
     let outcome = publisher.publish_batch(Target::Main, messages).await;
+    if publisher.is_blocked() {
+        // Before the slot goes to the next worker, whose own connection looks unblocked
+        // until it publishes.
+        metrics.broker.note_blocked_publish();
+    }
     drop(slot);
     metrics
         .stage(Stage::Publish)

@@ -11,6 +11,7 @@
 mod amqp10_delivery;
 mod artemis_pair;
 mod bad_input;
+mod broker_alarm;
 mod broker_cluster;
 mod chaos_tool;
 mod claim_seek;
