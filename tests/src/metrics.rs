@@ -21,6 +21,18 @@ pub fn label_sets(text: &str, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// Messages a relay counted sent without a confirm (timed out, nacked, never handed over):
+/// what may reach a consumer twice.
+pub fn unconfirmed(text: &str) -> u64 {
+    ["timeout", "nack", "broker_unavailable"]
+        .iter()
+        .filter_map(|reason| {
+            let series = format!("outbox_relay_publish_failures_total{{reason=\"{reason}\"}}");
+            value(text, &series)
+        })
+        .sum::<f64>() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

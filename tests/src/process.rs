@@ -65,6 +65,21 @@ pub fn log_path(name: &str) -> PathBuf {
     dir.join(format!("{name}.log"))
 }
 
+/// A relay log's lines at WARN or above (the text format's level column), and those of them a
+/// library wrote rather than the relay: what a person grepping for trouble sees.
+pub fn loud_lines(log: &str) -> (Vec<&str>, Vec<&str>) {
+    let loud: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .collect();
+    let libraries = loud
+        .iter()
+        .copied()
+        .filter(|line| !line.contains("outbox_relay"))
+        .collect();
+    (loud, libraries)
+}
+
 pub struct RelayProcess {
     pub child: Child,
     pub log: PathBuf,

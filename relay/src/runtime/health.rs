@@ -76,12 +76,12 @@ impl Health {
 
     /// Records why the lag report cannot be written, or that it can (None).
     pub fn report_problem(&self, problem: Option<String>) {
-        *lock_text(&self.report) = problem;
+        *lock(&self.report) = problem;
     }
 
     /// Why the lag report cannot be written, if it cannot.
     pub fn report_state(&self) -> Option<String> {
-        lock_text(&self.report).clone()
+        lock(&self.report).clone()
     }
 
     /// Shared by the workers, for why they cannot connect to the broker.
@@ -108,12 +108,7 @@ impl Health {
     }
 }
 
-fn lock(slot: &Mutex<Option<Problem>>) -> std::sync::MutexGuard<'_, Option<Problem>> {
-    // A panic while holding the lock cannot leave an Option half-written.
-    slot.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn lock_text(slot: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<String>> {
+fn lock<T>(slot: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave an Option half-written.
     slot.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -148,17 +148,6 @@ fn logged_at(log: &str, needle: &str) -> Vec<chrono::DateTime<chrono::Utc>> {
         .collect()
 }
 
-/// Messages the relay counted sent without a confirm: what may arrive twice.
-fn unconfirmed(metrics_text: &str) -> u64 {
-    ["timeout", "nack", "broker_unavailable"]
-        .iter()
-        .filter_map(|reason| {
-            let series = format!("outbox_relay_publish_failures_total{{reason=\"{reason}\"}}");
-            metrics::value(metrics_text, &series)
-        })
-        .sum::<f64>() as u64
-}
-
 /// The scenario, for either alarm: a relay of 4 workers mid-stream on node 1, the alarm raised
 /// there; the bounds while it lasts; every row delivered once it is cleared.
 async fn an_alarm_mid_stream_holds_no_claim(resource: Resource) {
@@ -328,7 +317,7 @@ async fn an_alarm_mid_stream_holds_no_claim(resource: Resource) {
         "{log}"
     );
     let duplicates = consumer.total() - ids.len() as u64;
-    let allowed = unconfirmed(&text);
+    let allowed = metrics::unconfirmed(&text);
     let resumed = logged_at(&log, UNBLOCKED_LINE)
         .first()
         .map(|at| (*at - cleared_utc).as_seconds_f64());

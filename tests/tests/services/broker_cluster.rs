@@ -76,18 +76,6 @@ async fn processed(conn: &mut PgConnection, table: &OutboxTable) -> usize {
     db::processed_ids(conn, table).await.len()
 }
 
-/// Messages the relay sent without a confirm (timed out, nacked, cut off): what may arrive
-/// twice.
-fn unconfirmed(metrics_text: &str) -> u64 {
-    ["timeout", "nack", "broker_unavailable"]
-        .iter()
-        .filter_map(|reason| {
-            let series = format!("outbox_relay_publish_failures_total{{reason=\"{reason}\"}}");
-            metrics::value(metrics_text, &series)
-        })
-        .sum::<f64>() as u64
-}
-
 /// The end of every scenario: the table drained, every id at the consumer, none refused,
 /// duplicates within `allowed` (None: within what the relay sent unconfirmed); prints the
 /// longest gap.
@@ -106,7 +94,7 @@ async fn assert_delivered(
     );
     let allowed = match allowed {
         Some(allowed) => allowed,
-        None => unconfirmed(&relay_metrics(relay).await),
+        None => metrics::unconfirmed(&relay_metrics(relay).await),
     };
     let ids = db::all_ids(conn, table).await;
     let arrived = wait::holds(

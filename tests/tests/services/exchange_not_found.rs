@@ -44,20 +44,6 @@ fn lines_naming(log: &str, message: &str) -> usize {
     log.lines().filter(|line| line.contains(message)).count()
 }
 
-/// Lines at WARN or above (the text format's level column), and those of them a library wrote.
-fn loud_lines(log: &str) -> (Vec<&str>, Vec<&str>) {
-    let loud: Vec<&str> = log
-        .lines()
-        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
-        .collect();
-    let libraries = loud
-        .iter()
-        .copied()
-        .filter(|line| !line.contains("outbox_relay"))
-        .collect();
-    (loud, libraries)
-}
-
 /// Failed connects the relay counted with `reason`.
 async fn connect_failures(addr: &str, reason: &str) -> f64 {
     let (_, text) = http::get(addr, "/metrics").await;
@@ -150,7 +136,7 @@ async fn a_missing_exchange_is_named_backed_off_and_reported_until_it_is_declare
     );
     let log = relay.log_text();
     assert_eq!(lines_naming(&log, &message), 1, "said once:\n{log}");
-    let (loud, libraries) = loud_lines(&log);
+    let (loud, libraries) = process::loud_lines(&log);
     assert!(libraries.is_empty(), "a library's own lines:\n{log}");
     assert!(
         loud.len() <= 3,

@@ -14,20 +14,6 @@ const WINDOW: Duration = Duration::from_secs(60);
 /// At most this many lines at WARN or above in the window, for the whole process.
 const MOST_LINES: usize = 3;
 
-/// Lines at WARN or above (the text format's level column), and those a library wrote.
-fn loud_lines(log: &str) -> (Vec<&str>, Vec<&str>) {
-    let loud: Vec<&str> = log
-        .lines()
-        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
-        .collect();
-    let libraries = loud
-        .iter()
-        .copied()
-        .filter(|line| !line.contains("outbox_relay"))
-        .collect();
-    (loud, libraries)
-}
-
 /// One cause: the broker URL, extra flags, the file to rewrite with `fix` (if it can be fixed
 /// mid-run), and the metric reason and `/readyz` code it must show.
 struct Cause<'a> {
@@ -55,7 +41,7 @@ async fn said_once_a_minute(cause: Cause<'_>) {
     tokio::time::sleep(WINDOW).await;
 
     let log = relay.log_text();
-    let (loud, libraries) = loud_lines(&log);
+    let (loud, libraries) = process::loud_lines(&log);
     assert!(
         libraries.is_empty(),
         "{}: a library's own lines:\n{log}",
