@@ -104,6 +104,9 @@ pub struct Metrics {
     /// Connections dropped because the server said it became a standby or is going away, or a
     /// COMMIT did not return in time.
     pub database_connections_discarded: IntCounter,
+    /// Failed database connects of the workers and the start-up check by cause (DatabaseUnreachable, DatabaseAuth,
+    /// DatabaseTLS, DatabaseSettings, DatabaseReadOnly, DatabaseError).
+    pub database_connect_failures: IntCounterVec,
     pub broker_connected: IntGauge,
     /// Worker connections the broker blocks (`connection.blocked`: a memory or disk alarm).
     pub broker_blocked: IntGauge,
@@ -274,6 +277,19 @@ impl Metrics {
                      down or went away, or a COMMIT did not return within --commit-timeout",
                 ),
             ),
+            database_connect_failures: registered(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "outbox_relay_database_connect_failures_total",
+                        "Failed database connects (the start-up check's and the workers') by \
+                         cause (reason: \
+                         DatabaseUnreachable, DatabaseAuth, DatabaseTLS, DatabaseSettings, \
+                         DatabaseReadOnly, DatabaseError)",
+                    ),
+                    &["reason"],
+                ),
+            ),
             broker_connected: registered(
                 r,
                 IntGauge::new(
@@ -363,6 +379,7 @@ impl Metrics {
         metrics.broker.node_connections.with_label_values(&[""]);
         metrics.broker.connect_failures.with_label_values(&[""]);
         metrics.report_failures.with_label_values(&[""]);
+        metrics.database_connect_failures.with_label_values(&[""]);
         metrics.registry.gather()
     }
 

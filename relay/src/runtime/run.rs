@@ -139,6 +139,10 @@ async fn inspect_with_retry(
             // Retried even when a setting is at fault: a CA or a password file may be fixed
             // while the relay waits, and the reason is on /readyz meanwhile.
             Err(e) => {
+                metrics
+                    .database_connect_failures
+                    .with_label_values(&[e.kind.code()])
+                    .inc();
                 if let Some(state) = said {
                     warn!(database = %config.db.database, reason = e.kind.code(), "{state}");
                 }

@@ -195,6 +195,10 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             "cannot connect to PostgreSQL",
         );
         if let Err(e) = connected {
+            ctx.metrics
+                .database_connect_failures
+                .with_label_values(&[e.kind.code()])
+                .inc();
             let delay = db.next_delay();
             if let Some(state) = said {
                 warn!(endpoint = %ctx.database, reason = e.kind.code(), retry_in_ms = delay.as_millis(), "{state}");

@@ -94,6 +94,12 @@ async fn a_read_only_server_is_waited_out_with_its_state_named_once() {
     );
     let refusals = metrics::value(&text, "outbox_relay_database_standby_refusals_total");
     assert!(refusals.is_some_and(|n| n >= 2.0), "{refusals:?}");
+    // Every failed attempt is counted by its cause, while the log says it once.
+    let failures = metrics::value(
+        &text,
+        "outbox_relay_database_connect_failures_total{reason=\"DatabaseReadOnly\"}",
+    );
+    assert!(failures.is_some_and(|n| n >= 2.0), "{failures:?}\n{text}");
     let log = relay.log_text();
     let said: Vec<&str> = log.lines().filter(|line| line.contains("WARN")).collect();
     assert!(
