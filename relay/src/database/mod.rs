@@ -142,36 +142,28 @@ async fn bound(
     resolved: &Resolved,
     target: &DatabaseTarget,
 ) -> Result<(PgConnection, Resolved), ConnectFailure> {
-    if let Err(e) = tell_bounds(&mut conn, target).await {
+    let startup_options = resolved.options.get_options();
+    if let Err(e) = tell_bounds(&mut conn, target.session_bounds(), startup_options).await {
         let _ = conn.close().await;
         return Err(ConnectFailure::classify(&e, resolved, target));
     }
     Ok((conn, resolved.clone()))
 }
 
-/// Sets `target`'s session bounds on `conn`, in the simple protocol (one round trip).
-async fn tell_bounds(conn: &mut PgConnection, target: &DatabaseTarget) -> Result<(), sqlx::Error> {
-    let Some(bounds) = target.session_bounds() else {
-        return Ok(());
-    };
-    let url_options = url_options(target);
-    match bounds.statement(url_options.as_deref()) {
+/// Sets `bounds` on `conn`, in the simple protocol (one round trip), leaving out what the
+/// startup options the driver sent (`options` of the URL, or `PGOPTIONS`) already set.
+async fn tell_bounds(
+    conn: &mut PgConnection,
+    bounds: Option<&SessionBounds>,
+    startup_options: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    match bounds.and_then(|bounds| bounds.statement(startup_options)) {
         Some(statement) => sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
             .execute(conn)
             .await
             .map(drop),
         None => Ok(()),
     }
-}
-
-/// The URL's own `options` parameter (libpq's startup options), if it has one.
-fn url_options(target: &DatabaseTarget) -> Option<String> {
-    let parsed = url::Url::parse(target.url().expose()).ok()?;
-    parsed
-        .query_pairs()
-        .filter(|(key, _)| key == "options")
-        .map(|(_, value)| value.into_owned())
-        .last()
 }
 
 /// One host, with libpq's `allow` fallback.
@@ -215,12 +207,15 @@ async fn server_role(conn: &mut PgConnection) -> Result<ServerRole, sqlx::Error>
 pub async fn listener_pool(target: &DatabaseTarget) -> Result<sqlx::PgPool, ConnectFailure> {
     let (conn, resolved) = connect_choosing(target, None).await?;
     let _ = conn.close().await;
-    let for_each = target.clone();
+    let bounds = target.session_bounds().copied();
+    let startup_options = resolved.options.get_options().map(str::to_string);
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .after_connect(move |conn, _| {
-            let target = for_each.clone();
-            Box::pin(async move { tell_bounds(conn, &target).await })
+            let startup_options = startup_options.clone();
+            Box::pin(
+                async move { tell_bounds(conn, bounds.as_ref(), startup_options.as_deref()).await },
+            )
         })
         .connect_with(resolved.options.clone())
         .await
