@@ -168,6 +168,21 @@ host all all $NODES_NETWORK trust # outbox-relay pods trust"
   fi
 }
 
+# The statements' own statistics (pg_stat_statements), loaded at start as on most managed
+# services: `make bench --scaling` reads the claim's buffers per row from them. A restart, once.
+configure_postgres_statement_stats() {
+  case ",$(pg_admin -c 'show shared_preload_libraries')," in *,pg_stat_statements,*) return 0 ;; esac
+  local conf_dir version
+  conf_dir=$(dirname "$(pg_admin -c 'show config_file')")
+  echo "PostgreSQL: loading pg_stat_statements (a restart)"
+  echo "shared_preload_libraries = 'pg_stat_statements'" \
+    | as_root tee "$conf_dir/conf.d/outbox-relay-statements.conf" >/dev/null
+  version=$(pg_admin -c 'show server_version_num'); version=${version:0:2}
+  as_root pg_ctlcluster --skip-systemctl-redirect "$version" main restart || as_root pg_ctlcluster "$version" main restart
+  for _ in $(seq 1 30); do pg_up && return 0; sleep 1; done
+  echo "PostgreSQL did not come back after the restart" >&2; exit 1
+}
+
 # TLS and real authentication, set up the way managed services are (beside the trust roles most
 # tests use): a test CA under $tls_dir signs the servers' certificates (IP 127.0.0.1 and the
 # services address the pods use, so `localhost` is a wrong host name) and a client certificate
@@ -1560,6 +1575,7 @@ configure_postgres
 setup_tls
 configure_postgres_tls
 configure_postgres_for_pods
+configure_postgres_statement_stats
 start_plain_postgres
 setup_expired_cert
 start_expired_postgres

@@ -180,7 +180,7 @@ async fn measure(
     let relay = RelayProcess::start(env, fixture, &broker, &[], "latency").await?;
     // Let the workers connect and go idle, so the first rows meet a waiting relay.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let cpu_before = CpuSnapshot::take(relay.pid());
+    let cpu_before = CpuSnapshot::take(&[relay.pid()]);
     let started = Instant::now();
     let inserted = write_steadily(
         fixture.database_url.clone(),
@@ -198,7 +198,7 @@ async fn measure(
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let relay_cpu = cpu_before.until(&CpuSnapshot::take(relay.pid()));
+    let relay_cpu = cpu_before.until(&CpuSnapshot::take(&[relay.pid()]));
     let relay_peak_rss_mib = peak_rss_mib(relay.pid());
     let stages = scrape::stages(&relay.metrics().await.unwrap_or_default());
     relay.stop().await?;

@@ -10,11 +10,13 @@ mod latency;
 mod measure;
 mod naive;
 mod names;
+mod pg_stats;
 mod plot;
 mod procstat;
 mod relay_process;
 mod relay_run;
 mod report;
+mod scaling;
 mod scrape;
 mod stats;
 mod sustained;
@@ -30,8 +32,9 @@ use sqlx::{Connection, PgConnection};
 
 use crate::env::Env;
 use crate::names::RunNames;
-use crate::plot::{Line, rate_points};
+use crate::plot::{Line, Panel, rate_points};
 use crate::report::{Context, Report};
+use crate::scaling::{Point, ScalingOptions, ScalingRun};
 use crate::sustained::SustainedOptions;
 use crate::throughput::{RelaySettings, ThroughputOptions};
 use crate::workload::Workload;
@@ -56,6 +59,13 @@ struct Args {
     /// Sustained mode: throughput per minute in mark and delete mode on a big table.
     #[arg(long)]
     sustained: bool,
+    /// Scaling mode: one table, workers added over relay processes (--scaling-points), with
+    /// the claim's buffers and index entries per row, its latency and the lock waits.
+    #[arg(long)]
+    scaling: bool,
+    /// Points of the scaling mode, as PxW (P relay processes of W workers each).
+    #[arg(long, value_delimiter = ',', default_value = scaling::DEFAULT_POINTS)]
+    scaling_points: Vec<String>,
     /// Latency mode at R rows/s (default 1000).
     #[arg(long, value_name = "R", num_args = 0..=1, default_missing_value = "1000")]
     latency: Option<f64>,
@@ -227,7 +237,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (postgres_version, rabbitmq_version) = versions(&env).await;
 
     let smoke = args.smoke;
-    let any_mode = args.sustained || args.latency.is_some();
+    let any_mode = args.sustained || args.latency.is_some() || args.scaling;
     let do_throughput = smoke || args.throughput || !any_mode;
     let workloads = if args.workload.is_empty() {
         Workload::ALL.to_vec()
@@ -256,6 +266,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         throughput: Vec::new(),
         sustained: Vec::new(),
         latency: None,
+        scaling: Vec::new(),
     };
 
     if do_throughput {
@@ -333,6 +344,31 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Some(latency::run(&env, &names, rate, Duration::from_secs(seconds.max(1))).await?);
     }
 
+    if smoke || args.scaling {
+        let options = if smoke {
+            ScalingOptions {
+                points: vec![Point::parse("1x1")?, Point::parse("2x2")?],
+                rows: args.rows.unwrap_or(3000),
+                window: Duration::from_secs(1),
+                drain: true,
+                baseline_relay: None,
+            }
+        } else {
+            ScalingOptions {
+                points: args
+                    .scaling_points
+                    .iter()
+                    .map(|p| Point::parse(p))
+                    .collect::<anyhow::Result<_>>()?,
+                rows: args.rows.unwrap_or(800_000),
+                window: Duration::from_secs(args.window.max(1)),
+                drain: false,
+                baseline_relay: args.baseline_relay_bin.clone(),
+            }
+        };
+        report.scaling = scaling::run(&env, &names, &options).await?;
+    }
+
     report.context.finished_at = chrono::Utc::now().to_rfc3339();
     report.context.load_average_after = procstat::load_average();
     write_outputs(&env, &report)?;
@@ -379,7 +415,61 @@ fn write_outputs(env: &Env, report: &Report) -> anyhow::Result<()> {
             .collect();
         panels.push(("sustained, article rows, relay defaults".into(), lines));
     }
-    plot::draw(&env.out_dir.join(format!("{stem}.svg")), &panels)
+    plot::draw(&env.out_dir.join(format!("{stem}.svg")), &panels)?;
+    if !report.scaling.is_empty() {
+        draw_scaling(
+            &env.out_dir.join(format!("{stem}-scaling.svg")),
+            &report.scaling,
+        )?;
+    }
+    Ok(())
+}
+
+/// msg/s and the claim's buffers per row against the number of workers, a line per binary.
+fn draw_scaling(path: &std::path::Path, runs: &[ScalingRun]) -> anyhow::Result<()> {
+    let mut contenders: Vec<&str> = Vec::new();
+    for run in runs {
+        if !contenders.contains(&run.contender.as_str()) {
+            contenders.push(&run.contender);
+        }
+    }
+    let lines = |value: &dyn Fn(&ScalingRun) -> f64| -> Vec<Line> {
+        contenders
+            .iter()
+            .map(|&contender| Line {
+                label: contender.to_string(),
+                points: runs
+                    .iter()
+                    .filter(|r| r.contender == contender)
+                    .map(|r| (r.point.total_workers() as f64, value(r)))
+                    .collect(),
+            })
+            .collect()
+    };
+    let rate = lines(&|r| r.measurement.rate);
+    let buffers = lines(&|r| r.claim_buffers_per_row.unwrap_or(r.table_buffers_per_row));
+    let p99 = lines(&|r| r.claim_p99_ms);
+    let panels = [
+        Panel {
+            title: "throughput against workers, one table",
+            x_desc: "workers (processes x workers each)",
+            y_desc: "messages/s",
+            lines: &rate,
+        },
+        Panel {
+            title: "buffers the claim reads per claimed row",
+            x_desc: "workers",
+            y_desc: "buffers per row",
+            lines: &buffers,
+        },
+        Panel {
+            title: "claim latency p99",
+            x_desc: "workers",
+            y_desc: "ms",
+            lines: &p99,
+        },
+    ];
+    plot::draw_panels(path, &panels)
 }
 
 #[tokio::main]

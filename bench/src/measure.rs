@@ -59,7 +59,7 @@ pub async fn sample_in_process(
             let n = counter.load(Ordering::Relaxed);
             async move { Some(n) }
         },
-        std::process::id(),
+        &[std::process::id()],
         window,
         total,
     )
@@ -67,10 +67,11 @@ pub async fn sample_in_process(
 }
 
 /// Runs the sampling loop. `read` returns the running count (None when it cannot be read
-/// right now); `total` stops the window early once that many messages were counted.
+/// right now); `subjects` are the processes whose CPU is the subject's; `total` stops the
+/// window early once that many messages were counted.
 pub async fn sample<F, Fut>(
     mut read: F,
-    subject_pid: u32,
+    subjects: &[u32],
     window: Duration,
     total: Option<u64>,
 ) -> anyhow::Result<Measurement>
@@ -94,7 +95,7 @@ where
                 // (connecting) is excluded but no message is.
                 let before = series.len().checked_sub(2).map(|i| series[i]);
                 let (t0, c0) = before.map_or((0.0, 0), |s| (s.t, s.count));
-                first = Some((t0, c0, CpuSnapshot::take(subject_pid)));
+                first = Some((t0, c0, CpuSnapshot::take(subjects)));
             }
             None if started.elapsed() > FIRST_MESSAGE_TIMEOUT => {
                 bail!("no message was counted within {FIRST_MESSAGE_TIMEOUT:?}")
@@ -108,7 +109,7 @@ where
             }
         }
     }
-    let end = CpuSnapshot::take(subject_pid);
+    let end = CpuSnapshot::take(subjects);
     let (t0, c0, cpu0) = first.expect("the loop ends only after the first message");
     let last = series.last().copied().expect("at least one sample");
     let seconds = (last.t - t0).max(1e-3);

@@ -27,8 +27,30 @@ pub fn rate_points(series: &[Sample], smooth: usize) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Draws one panel per (title, lines) stacked vertically.
+/// Draws one panel per (title, lines) stacked vertically: messages per second over time.
 pub fn draw(path: &Path, panels: &[(String, Vec<Line>)]) -> anyhow::Result<()> {
+    let panels: Vec<Panel<'_>> = panels
+        .iter()
+        .map(|(title, lines)| Panel {
+            title,
+            x_desc: "seconds",
+            y_desc: "messages/s",
+            lines,
+        })
+        .collect();
+    draw_panels(path, &panels)
+}
+
+/// One chart: its title, its axes' names and its lines.
+pub struct Panel<'a> {
+    pub title: &'a str,
+    pub x_desc: &'a str,
+    pub y_desc: &'a str,
+    pub lines: &'a [Line],
+}
+
+/// Draws the panels stacked vertically, each from 0 to a little above its highest point.
+pub fn draw_panels(path: &Path, panels: &[Panel<'_>]) -> anyhow::Result<()> {
     if panels.is_empty() {
         return Ok(());
     }
@@ -36,7 +58,8 @@ pub fn draw(path: &Path, panels: &[(String, Vec<Line>)]) -> anyhow::Result<()> {
     let root = SVGBackend::new(path, (960, height)).into_drawing_area();
     root.fill(&WHITE)?;
     let areas = root.split_evenly((panels.len(), 1));
-    for ((title, lines), area) in panels.iter().zip(areas) {
+    for (panel, area) in panels.iter().zip(areas) {
+        let lines = panel.lines;
         let max_t = lines
             .iter()
             .flat_map(|l| l.points.iter().map(|p| p.0))
@@ -47,15 +70,15 @@ pub fn draw(path: &Path, panels: &[(String, Vec<Line>)]) -> anyhow::Result<()> {
             .fold(1.0, f64::max)
             * 1.1;
         let mut chart = ChartBuilder::on(&area)
-            .caption(title, ("sans-serif", 20))
+            .caption(panel.title, ("sans-serif", 20))
             .margin(10)
             .x_label_area_size(35)
             .y_label_area_size(70)
             .build_cartesian_2d(0.0..max_t, 0.0..max_rate)?;
         chart
             .configure_mesh()
-            .x_desc("seconds")
-            .y_desc("messages/s")
+            .x_desc(panel.x_desc)
+            .y_desc(panel.y_desc)
             .draw()?;
         for (index, line) in lines.iter().enumerate() {
             let color = Palette99::pick(index).to_rgba();

@@ -110,7 +110,8 @@ impl CpuSeconds {
 }
 
 impl CpuSnapshot {
-    pub fn take(subject_pid: u32) -> Self {
+    /// `subjects`: the processes under test, summed (several relay processes as one).
+    pub fn take(subjects: &[u32]) -> Self {
         let postgres = ticks_by_name(&["postgres"]);
         let postgres_backends = postgres
             .keys()
@@ -118,7 +119,10 @@ impl CpuSnapshot {
             .filter(|&pid| is_client_backend(pid))
             .collect();
         Self {
-            subject: read_stat(subject_pid).map(|(_, t)| t).unwrap_or_default(),
+            subject: subjects
+                .iter()
+                .filter_map(|&pid| read_stat(pid).map(|(_, t)| t))
+                .sum(),
             postgres,
             postgres_backends,
             rabbitmq: ticks_by_name(&["beam.smp", "erl_child_setup", "epmd"]),

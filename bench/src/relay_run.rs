@@ -86,7 +86,7 @@ async fn run_and_check(
     };
     let sampled = sample(
         || relay.published(),
-        relay.pid(),
+        &[relay.pid()],
         window,
         Some(pending_before),
     )

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::latency::LatencyResult;
+use crate::scaling::ScalingRun;
 use crate::sustained::SustainedRun;
 use crate::throughput::{Contender, WorkloadResult};
 
@@ -30,6 +31,8 @@ pub struct Report {
     pub sustained: Vec<SustainedRun>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency: Option<LatencyResult>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scaling: Vec<ScalingRun>,
 }
 
 fn contender_row(out: &mut String, workload: &str, c: &Contender) {
@@ -306,7 +309,53 @@ impl Report {
                 );
             }
         }
+        if !self.scaling.is_empty() {
+            scaling_table(&mut out, &self.scaling);
+        }
         out
+    }
+}
+
+/// One row per point and binary: rate and CPU, then what PostgreSQL counted per claimed row.
+fn scaling_table(out: &mut String, runs: &[ScalingRun]) {
+    let _ = writeln!(
+        out,
+        "\n## Scaling (one table, processes x workers each)\n\n\
+         Buffers and index entries are per claimed row over the whole run; claim latency from the \
+         relays' histograms (p50 / p99) and the server (mean); waits are the mean number of relay \
+         sessions waiting on a lock / a lightweight lock / running at all, sampled every 200 ms.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| binary | config | workers | msg/s | relay µs/msg | PG µs/msg | claim buffers/row | table buffers/row | index entries/row | claim p50 / p99 ms | claim mean ms | rows/claim | waits lock / lwlock / active |"
+    );
+    let _ = writeln!(
+        out,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in runs {
+        let m = &r.measurement;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {:.1} / {:.1} | {} | {:.0} | {:.2} / {:.2} / {:.1} |",
+            r.contender,
+            r.point.label(),
+            r.point.total_workers(),
+            m.rate,
+            m.cpu_us_per_message.subject,
+            m.cpu_us_per_message.postgres_backends,
+            r.claim_buffers_per_row
+                .map_or("–".into(), |b| format!("{b:.1}")),
+            r.table_buffers_per_row,
+            r.index_entries_per_row,
+            r.claim_p50_ms,
+            r.claim_p99_ms,
+            r.claim_mean_ms.map_or("–".into(), |ms| format!("{ms:.2}")),
+            r.rows_per_claim(),
+            r.waits.lock,
+            r.waits.lwlock,
+            r.waits.active
+        );
     }
 }
 

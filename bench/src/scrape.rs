@@ -94,6 +94,33 @@ fn quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
 
 /// The 99th percentile of every batch stage, in ms, from the histogram's buckets.
 fn stage_p99s(text: &str) -> BTreeMap<String, f64> {
+    stage_buckets(text)
+        .into_iter()
+        .map(|(stage, points)| (stage, quantile(&points, 0.99) * 1000.0))
+        .collect()
+}
+
+/// The `q` quantile, in ms, of one stage over several relay processes' histograms: their
+/// buckets (the same bounds in every process) added up.
+pub fn merged_stage_quantile(texts: &[String], stage: &str, q: f64) -> f64 {
+    let mut merged: Vec<(f64, f64)> = Vec::new();
+    for text in texts {
+        let Some(points) = stage_buckets(text).remove(stage) else {
+            continue;
+        };
+        if merged.is_empty() {
+            merged = points;
+        } else {
+            for (sum, (_, count)) in merged.iter_mut().zip(points) {
+                sum.1 += count;
+            }
+        }
+    }
+    quantile(&merged, q) * 1000.0
+}
+
+/// Every stage's cumulative histogram as (upper bound in seconds, count), in bound order.
+fn stage_buckets(text: &str) -> BTreeMap<String, Vec<(f64, f64)>> {
     let mut buckets: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("outbox_relay_stage_duration_seconds_bucket{") else {
@@ -122,13 +149,10 @@ fn stage_p99s(text: &str) -> BTreeMap<String, f64> {
             .or_default()
             .push((bound, count));
     }
+    for points in buckets.values_mut() {
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
     buckets
-        .into_iter()
-        .map(|(stage, mut points)| {
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            (stage, quantile(&points, 0.99) * 1000.0)
-        })
-        .collect()
 }
 
 /// Mean and 99th percentile of every batch stage (claim, slot, publish, confirm, mark,
