@@ -114,6 +114,7 @@ async fn deleting_with_cleanup_policy_delete_removes_the_migration_and_keeps_the
     assert!(reported.is_ok(), "no report row of {report_name}");
     let migrated = [
         "SELECT (to_regclass('outbox_pending_idx') IS NOT NULL)::int::bigint",
+        "SELECT (to_regclass('outbox_claim_frontier') IS NOT NULL)::int::bigint",
         "SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_outbox_notify'",
         "SELECT count(*) FROM outbox_relay_claims",
         "SELECT count(*) FROM pg_class, unnest(reloptions) o \

@@ -451,6 +451,7 @@ mod tests {
             index_name: "t_pending_idx".into(),
             index,
             reports_table_created: true,
+            frontier_created: true,
             autovacuum_changed: true,
             notify_installed: false,
             server_autovacuum_off: false,

@@ -43,6 +43,7 @@ pub fn fresh_table_report(plan: &RelayPlan) -> MigrationReport {
         index_name: format!("{}_pending_idx", plan.table.name),
         index: IndexAction::Created,
         reports_table_created: true,
+        frontier_created: true,
         autovacuum_changed: true,
         notify_installed: false,
         server_autovacuum_off: false,

@@ -9,15 +9,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use chrono::{DateTime, Utc};
-use sqlx::{Connection, PgConnection};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio::sync::Semaphore;
 use tracing::warn;
 
 use super::claim::{ClaimStart, claim_query, decode_all, settling_claim_query};
+use super::cursor::ClaimFound;
 use super::message::{dead_letter, to_message};
+pub use super::report::BatchReport;
 use super::row::{ClaimedRow, Malformed};
 use super::settle::{RowError, RowOutcome, SettleCounts, revert_query, settle_query};
+use super::shared_cursor::SharedCursor;
 use crate::broker::routing::RoutingKey;
 use crate::broker::{
     BatchOutcome, BrokerFailure, Delivery, Message, Publisher, Rejection, Target, Unconfirmed,
@@ -46,28 +48,6 @@ pub struct BatchSettings {
     /// The batch spans, while OTEL_EXPORTER_OTLP_* configure an export (see
     /// [`crate::telemetry`]); None: the batch notes nothing for them.
     pub spans: Option<BatchSpans>,
-}
-
-#[derive(Debug, Default, Clone)]
-pub struct BatchReport {
-    pub claimed: usize,
-    pub published: usize,
-    pub retried: usize,
-    pub dead_lettered: usize,
-    pub untouched: usize,
-    /// Of the untouched rows, those the broker nacked: its state, not the messages' fault, so
-    /// they spend no attempt and the worker pauses before trying again.
-    pub nacked: usize,
-    /// Set when the broker connection must be replaced before the next batch.
-    pub broker_broken: Option<BrokerFailure>,
-    /// The claim position (occurred-at) of the batch's first row, where nothing before it was
-    /// pending for this worker; None when that row has no occurred-at.
-    pub first_claimed: Option<DateTime<Utc>>,
-    /// The claim position (occurred-at) of the batch's last row, for the next claim to seek
-    /// from; None when that row has no occurred-at.
-    pub last_claimed: Option<DateTime<Utc>>,
-    /// How long the claim statement took.
-    pub claim_time: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -211,7 +191,16 @@ fn unconfirmed_reason(unconfirmed: Unconfirmed) -> FailureReason {
     }
 }
 
-/// Runs one batch, claiming from `start` (see [`super::cursor::ClaimCursor`]). Returns
+/// Where a batch's claim starts.
+#[derive(Debug, Clone, Copy)]
+pub enum ClaimFrom<'a> {
+    /// Here: per-key claims (at the head of their lanes), and tests.
+    Start(ClaimStart),
+    /// Where the process's cursor says, in turn with the process's other workers.
+    Cursor(&'a SharedCursor),
+}
+
+/// Runs one batch, claiming from where `claim_from` says (see [`super::cursor::ClaimCursor`]). Returns
 /// how many rows it claimed (0 means nothing for us there). Its span carries the batch size and
 /// sits inside the worker's and the relay's, so a log line of the batch says which relay,
 /// worker and size without repeating them.
@@ -225,12 +214,12 @@ pub async fn run_batch<P: Publisher>(
     statements: &Statements,
     settings: &BatchSettings,
     metrics: &Metrics,
-    start: ClaimStart,
+    claim_from: ClaimFrom<'_>,
     lanes: Option<&[i32]>,
 ) -> Result<BatchReport, BatchError> {
     let limit = settings.batch_size;
     run_batch_up_to(
-        conn, publisher, statements, settings, metrics, start, lanes, limit,
+        conn, publisher, statements, settings, metrics, claim_from, lanes, limit,
     )
     .await
 }
@@ -245,7 +234,7 @@ pub async fn run_batch_up_to<P: Publisher>(
     statements: &Statements,
     settings: &BatchSettings,
     metrics: &Metrics,
-    start: ClaimStart,
+    claim_from: ClaimFrom<'_>,
     lanes: Option<&[i32]>,
     limit: usize,
 ) -> Result<BatchReport, BatchError> {
@@ -261,7 +250,7 @@ pub async fn run_batch_up_to<P: Publisher>(
         statements,
         settings,
         metrics,
-        start,
+        claim_from,
         lanes,
         limit,
         &mut timeline,
@@ -298,7 +287,7 @@ async fn claim_publish_settle<P: Publisher>(
     statements: &Statements,
     settings: &BatchSettings,
     metrics: &Metrics,
-    start: ClaimStart,
+    claim_from: ClaimFrom<'_>,
     lanes: Option<&[i32]>,
     limit: usize,
     timeline: &mut Option<BatchTimeline>,
@@ -310,6 +299,14 @@ async fn claim_publish_settle<P: Publisher>(
     // transaction on a server session other clients get next); on a session they stay named
     // and prepared once per connection, sqlx's default.
     let persistent = statements.persistent();
+    let (turn, start) = match claim_from {
+        ClaimFrom::Start(start) => (None, start),
+        ClaimFrom::Cursor(cursor) => {
+            let turn = cursor.turn().await;
+            let start = turn.start;
+            (Some(turn), start)
+        }
+    };
     let claim = match settling {
         Some(settling) => settling_claim_query(settling, limit, start),
         None => claim_query(statements, limit, start, lanes),
@@ -322,6 +319,13 @@ async fn claim_publish_settle<P: Publisher>(
     metrics.batch_size.observe(rows.len() as f64);
     note(timeline, |t| t.claimed(rows.len()));
     if rows.is_empty() {
+        if let Some(turn) = turn {
+            let found = ClaimFound {
+                time: claim_time,
+                ..ClaimFound::default()
+            };
+            turn.claimed(&found, limit as usize);
+        }
         commit(metrics, settings, tx).await?;
         return Ok(BatchReport {
             claim_time,
@@ -333,6 +337,25 @@ async fn claim_publish_settle<P: Publisher>(
         // An UPDATE returns its rows in no promised order; the batch goes out, and the cursor
         // moves on, in claim order. (Stable and nearly sorted already: cheap.)
         rows.sort_by_key(|row| row.occurred_at);
+    }
+    let found = ClaimFound {
+        claimed: rows.len(),
+        first: rows.first().and_then(|row| row.occurred_at),
+        last: rows.last().and_then(|row| row.occurred_at),
+        time: claim_time,
+    };
+    // The turn ends as soon as the claim's rows are known: the next worker's claim starts
+    // past them while this one publishes.
+    if let Some(turn) = turn {
+        turn.claimed(&found, limit as usize);
+    }
+    // And the other relays' claims, through the table's frontier, at once (setval is not
+    // transactional): each seek of theirs then starts past this batch too.
+    if let (Some(advance), Some(last), None) = (&statements.advance_frontier, found.last, lanes) {
+        let advance = sqlx::query(AssertSqlSafe(advance.clone()))
+            .bind(last.timestamp_micros())
+            .persistent(persistent);
+        bounded(advance.execute(&mut *tx)).await?;
     }
 
     // Publish every well-formed row; malformed ones are settled as dead letters right away.

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use super::batch::BatchReport;
 use super::claim::ClaimStart;
+use super::report::BatchReport;
 
 /// While batches come back full, the recent claim runs about this often when it is cheap.
 pub const RECENT_CLAIM_EVERY: Duration = Duration::from_secs(1);
@@ -89,9 +89,18 @@ impl ClaimCursor {
         self.next_start_at(Instant::now())
     }
 
-    /// Records the outcome of the claim `next_start` handed out.
-    pub fn advance(&mut self, report: &BatchReport, batch_size: usize) {
-        self.advance_at(report, batch_size, Instant::now());
+    /// Records what the claim `next_start` handed out found; `limit` is the most it could take.
+    pub fn claimed(&mut self, found: &ClaimFound, limit: usize) {
+        self.claimed_at(found, limit, Instant::now());
+    }
+
+    /// Records how the batch ended: rows it left pending lie behind the bound, for a full claim.
+    pub fn settled(&mut self, report: &BatchReport) {
+        let left_pending =
+            report.broker_broken.is_some() || report.retried > 0 || report.untouched > 0;
+        if left_pending {
+            self.bound = None;
+        }
     }
 
     /// After a claim that found nothing: true when the worker should wait for new rows, false
@@ -139,41 +148,64 @@ impl ClaimCursor {
         }
     }
 
-    fn advance_at(&mut self, report: &BatchReport, batch_size: usize, now: Instant) {
+    fn claimed_at(&mut self, found: &ClaimFound, limit: usize, now: Instant) {
         match self.handed_out {
             ClaimStart::Head => {
                 self.full = Schedule {
                     last: Some(now),
-                    cost: report.claim_time,
+                    cost: found.time,
                 };
                 // The full claim sees all the recent one does, so it resets its schedule too.
                 self.recent.last = Some(now);
                 // An empty full claim: nothing this worker could take was pending anywhere.
-                self.horizon = report.first_claimed;
+                self.horizon = found.first;
             }
             ClaimStart::Recent { .. } => {
                 self.recent = Schedule {
                     last: Some(now),
-                    cost: report.claim_time,
+                    cost: found.time,
                 };
-                if report.claimed > 0 {
-                    self.horizon = report.first_claimed;
+                if found.claimed > 0 {
+                    self.horizon = found.first;
                 }
             }
             ClaimStart::After(_) => {}
         }
-        self.last_empty = report.claimed == 0;
-        self.head_near = report.claimed < batch_size;
-        let left_pending =
-            report.broker_broken.is_some() || report.retried > 0 || report.untouched > 0;
-        if left_pending {
-            self.bound = None;
-            return;
+        self.last_empty = found.claimed == 0;
+        self.head_near = found.claimed < limit;
+        // An empty claim moves nothing. A wide claim that came back short found the few rows
+        // behind the bound (committed late, given back): the seeks stay where they were, past
+        // the rows the other workers sharing this cursor hold. One that came back full may
+        // have more right after its rows (a backfill with old claim positions): the seeks go
+        // on from there. A last row without a claim position (NULL sorts last, and a seek
+        // would pass such rows by) means a full claim next.
+        if found.claimed > 0 {
+            self.bound = match (self.bound, found.last) {
+                (Some(bound), Some(last)) if found.claimed < limit => Some(bound.max(last)),
+                (_, last) => last,
+            };
         }
-        // An empty claim moves nothing; a last row without a claim position (NULL sorts
-        // last, and a seek would pass such rows by) means a full claim next.
-        if report.claimed > 0 {
-            self.bound = report.last_claimed;
+    }
+}
+
+/// What one claim found, as the cursor needs it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimFound {
+    pub claimed: usize,
+    /// Claim positions of its first and last row, in claim order.
+    pub first: Option<DateTime<Utc>>,
+    pub last: Option<DateTime<Utc>>,
+    /// How long the claim statement took.
+    pub time: Duration,
+}
+
+impl ClaimFound {
+    pub fn of(report: &BatchReport) -> Self {
+        Self {
+            claimed: report.claimed,
+            first: report.first_claimed,
+            last: report.last_claimed,
+            time: report.claim_time,
         }
     }
 }
@@ -208,7 +240,8 @@ mod tests {
     /// Hands out the next claim at `at` and records `report` as its outcome.
     fn claim(cursor: &mut ClaimCursor, at: Instant, report: &BatchReport) -> ClaimStart {
         let start = cursor.next_start_at(at);
-        cursor.advance_at(report, BATCH, at);
+        cursor.claimed_at(&ClaimFound::of(report), BATCH, at);
+        cursor.settled(report);
         start
     }
 
@@ -268,6 +301,36 @@ mod tests {
             recent_from(5),
             "an empty recent claim keeps the horizon"
         );
+    }
+
+    #[test]
+    fn a_wide_claim_that_finds_rows_behind_the_seek_leaves_the_seek_where_it_was() {
+        let t0 = Instant::now();
+        let mut cursor = after_full_claim(t0, 2);
+        let t = t0 + Duration::from_millis(100);
+        claim(&mut cursor, t, &batch(BATCH, 2, 9, 1));
+        // A few rows committed late, behind the bound, found by the recent claim.
+        let t1 = t0 + RECENT_CLAIM_EVERY;
+        assert_eq!(claim(&mut cursor, t1, &batch(3, 4, 5, 1)), recent_from(0));
+        assert_eq!(
+            cursor.next_start_at(t1),
+            ClaimStart::After(position(9)),
+            "the seek does not walk back over the rows claimed since"
+        );
+    }
+
+    #[test]
+    fn a_wide_claim_that_comes_back_full_behind_the_seek_moves_the_seek_there() {
+        let t0 = Instant::now();
+        let mut cursor = after_full_claim(t0, 2);
+        claim(&mut cursor, t0, &batch(BATCH, 2, 9, 1));
+        // A backfill with old claim positions: a full batch behind the bound, more after it.
+        let t1 = t0 + RECENT_CLAIM_EVERY;
+        assert_eq!(
+            claim(&mut cursor, t1, &batch(BATCH, 4, 5, 1)),
+            recent_from(0)
+        );
+        assert_eq!(cursor.next_start_at(t1), ClaimStart::After(position(5)));
     }
 
     #[test]

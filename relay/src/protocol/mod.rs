@@ -6,6 +6,8 @@ pub mod batch;
 pub mod claim;
 pub mod cursor;
 pub mod message;
+pub mod report;
 pub mod row;
 pub mod settle;
+pub mod shared_cursor;
 pub mod trace_report;

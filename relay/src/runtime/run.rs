@@ -19,6 +19,7 @@ use crate::config::RelayConfig;
 use crate::database::{DatabaseTarget, PoolMode, TRANSACTION_POOLING, behind_transaction_pooling};
 use crate::metrics::Metrics;
 use crate::protocol::batch::BatchSettings;
+use crate::protocol::shared_cursor::SharedCursor;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::rate::{RateGate, claim_size};
@@ -275,6 +276,15 @@ pub async fn run(
     if !shape.server_autovacuum {
         warn!("{}", crate::table::migrate::AUTOVACUUM_OFF_WARNING);
     }
+    if !shape.shared_frontier && config.db.table.ordering != DeliveryOrder::PerKey {
+        // Said once at start: it costs database time, not correctness.
+        info!(
+            sequence = %config.db.table.frontier_sequence(),
+            "the table has no claim frontier sequence this role may advance: the pods' claims \
+             step over each other's rows, at a cost that grows with the pods; `outbox-relay \
+             migrate` (or the operator) creates it, or GRANT SELECT, UPDATE on it"
+        );
+    }
     let statements = Statements::for_shape(&config.db.table, &shape);
     let (claim_database, claim_pool_mode) = claim_database(&config);
     let reporter_statements = Arc::new(statements.clone().for_pool(config.db.pool_mode));
@@ -315,6 +325,7 @@ pub async fn run(
             .then(|| config.db.relay_name.clone()),
         suspension: suspension.clone(),
         rate: rate.clone(),
+        cursor: Arc::new(SharedCursor::default()),
     };
     let mut workers = tokio::task::JoinSet::new();
     match config.broker_protocol {

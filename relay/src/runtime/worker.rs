@@ -17,9 +17,9 @@ use crate::database::{
     DatabaseTarget, TRANSACTION_POOLING, behind_transaction_pooling, server_gone,
 };
 use crate::metrics::Metrics;
-use crate::protocol::batch::{BatchError, BatchSettings, run_batch_up_to};
+use crate::protocol::batch::{BatchError, BatchSettings, ClaimFrom, run_batch_up_to};
 use crate::protocol::claim::ClaimStart;
-use crate::protocol::cursor::ClaimCursor;
+use crate::protocol::shared_cursor::SharedCursor;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::{BROKER_BLOCKED, Health};
 use crate::runtime::lanes::Lanes;
@@ -51,6 +51,9 @@ pub struct WorkerContext<C> {
     pub suspension: Suspension,
     /// The process's rate limit, shared by its workers (none in force: one flag per batch).
     pub rate: Arc<RateGate>,
+    /// Where unordered claims start, one cursor for the process's workers, which take turns
+    /// at the claim ([`SharedCursor`]).
+    pub cursor: Arc<SharedCursor>,
 }
 
 impl<C> WorkerContext<C> {
@@ -70,6 +73,7 @@ impl<C> WorkerContext<C> {
             lanes_of: self.lanes_of,
             suspension: self.suspension,
             rate: self.rate,
+            cursor: self.cursor,
         }
     }
 }
@@ -171,7 +175,6 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         Link::new("the broker", ctx.metrics.broker_connected.clone());
     let mut blocked = ConnectedFlag::new(ctx.metrics.broker_blocked.clone());
     let mut wake = ctx.wake.clone();
-    let mut cursor = ClaimCursor::default();
     let mut lanes = ctx.lanes_of.as_deref().map(Lanes::new);
     // The pause after the broker's nacks: its state, never the messages' fault.
     let mut nacks = NackPause::default();
@@ -295,9 +298,9 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         // Per-key claims always start at the head: a seek past a pending row (one the broker
         // refused, or one of a lane just taken over) would let a later row of its key overtake
         // it.
-        let start = match held {
-            Some(_) => ClaimStart::Head,
-            None => cursor.next_start(),
+        let claim_from = match held {
+            Some(_) => ClaimFrom::Start(ClaimStart::Head),
+            None => ClaimFrom::Cursor(&ctx.cursor),
         };
         // Permits before the claim, never with rows locked. None: shutdown came first.
         let Some(limit) = ctx.rate.before_claim(&mut credit, &ctx.shutdown).await else {
@@ -310,7 +313,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             &ctx.statements,
             &ctx.settings,
             &ctx.metrics,
-            start,
+            claim_from,
             held.as_deref(),
             limit,
         )
@@ -331,9 +334,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 // Per-key claims start at the head every time and keep no cursor.
                 let ordered = held.is_some();
                 if !ordered {
-                    // A claim the limit made shorter than the batch size is judged against
-                    // its own size: short of that, the head is near.
-                    cursor.advance(&report, limit);
+                    ctx.cursor.settled(&report).await;
                 }
                 let nack_pause = nacks.after(&report, &ctx.metrics.broker);
                 if let Some(reason) = &report.broker_broken {
@@ -349,13 +350,13 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                     // back behind refused rows. Claiming again at once would only refuse them
                     // again; wait as an idle worker does.
                     idle(&ctx, &mut wake, seen_wake).await;
-                } else if report.claimed == 0 && cursor.idle_after_empty_claim() {
+                } else if report.claimed == 0 && ctx.cursor.idle_after_empty_claim().await {
                     idle(&ctx, &mut wake, seen_wake).await;
                 }
             }
             Err(BatchError::Database(e)) if behind_transaction_pooling(&e) => {
                 warn!(error = %e, "batch rolled back: {TRANSACTION_POOLING}");
-                cursor.reset();
+                ctx.cursor.reset().await;
                 drop_database(&mut db, lanes.as_mut(), &ctx.metrics);
                 pause(&ctx.shutdown, db.next_delay()).await;
             }
@@ -377,7 +378,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 if ctx.health.database_said().should_say(&state) {
                     warn!("{state}");
                 }
-                cursor.reset();
+                ctx.cursor.reset().await;
                 drop_database(&mut db, lanes.as_mut(), &ctx.metrics);
                 pause(&ctx.shutdown, db.next_delay()).await;
             }

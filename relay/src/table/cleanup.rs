@@ -1,7 +1,7 @@
 //! Undoing the outbox migration of one table ([`crate::table::migrate`]), for the operator
 //! when an OutboxRelay with `cleanupPolicy: delete` is deleted: the pending-row index, the
-//! NOTIFY trigger and its function, the relay's rows in the report table, and the autovacuum
-//! settings the migration set. The outbox table and its rows are never touched, nor is the
+//! NOTIFY trigger and its function, the claim frontier sequence, the relay's rows in the report
+//! table, and the autovacuum settings the migration set. The outbox table and its rows are never touched, nor is the
 //! report table itself (every outbox table of the schema shares it).
 //!
 //! Every object is named exactly as the migration names it, and the same advisory lock
@@ -26,6 +26,8 @@ pub struct CleanupReport {
     /// The pending-row index, when it existed and was dropped.
     pub index_dropped: Option<String>,
     pub trigger_dropped: bool,
+    /// The claim frontier sequence the table's relays shared.
+    pub frontier_dropped: bool,
     pub function_dropped: bool,
     /// The NOTIFY function stayed because another trigger still calls it.
     pub function_in_use: bool,
@@ -48,6 +50,9 @@ impl CleanupReport {
         }
         if self.trigger_dropped {
             lines.push("dropped the NOTIFY trigger".to_string());
+        }
+        if self.frontier_dropped {
+            lines.push("dropped the claim frontier sequence".to_string());
         }
         if self.function_dropped {
             lines.push("dropped the NOTIFY function".to_string());
@@ -152,6 +157,16 @@ async fn remove_locked(
             )
             .await?;
             report.index_dropped = Some(index_name(table, options).to_string());
+        }
+        let sequence = table.frontier_sequence().quoted();
+        if exists(conn, "to_regclass", sequence.clone()).await? {
+            run(
+                conn,
+                "drop claim frontier sequence",
+                format!("DROP SEQUENCE IF EXISTS {sequence}"),
+            )
+            .await?;
+            report.frontier_dropped = true;
         }
         if !options.skip_autovacuum {
             report.autovacuum_reset = reset_autovacuum(conn, table).await?;
@@ -335,6 +350,7 @@ mod tests {
         let report = CleanupReport {
             index_dropped: Some("orders_pending_idx".into()),
             trigger_dropped: true,
+            frontier_dropped: true,
             function_dropped: true,
             report_rows_deleted: 2,
             autovacuum_reset: vec!["autovacuum_vacuum_threshold".into()],
@@ -343,8 +359,8 @@ mod tests {
         let text = report.lines().join("; ");
         assert_eq!(
             text,
-            "dropped index orders_pending_idx; dropped the NOTIFY trigger; dropped the NOTIFY \
-             function; deleted 2 report row(s) of the relay; reset autovacuum_vacuum_threshold \
+            "dropped index orders_pending_idx; dropped the NOTIFY trigger; dropped the claim \
+             frontier sequence; dropped the NOTIFY function; deleted 2 report row(s) of the relay; reset autovacuum_vacuum_threshold \
              on the outbox table"
         );
     }

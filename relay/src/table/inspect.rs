@@ -44,6 +44,9 @@ pub struct TableShape {
     /// The table keeps its rows in one heap: not partitioned, no inheritance children. Only then
     /// does a ctid name one row of it (the settling claim finds its rows by ctid).
     pub single_heap: bool,
+    /// The table's frontier sequence exists (the migration makes it) and this session may read
+    /// and advance it: the relays of the table share where their claims got to.
+    pub shared_frontier: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,13 +177,16 @@ pub async fn inspect_with(
             missing,
         });
     }
-    let (encoding, server_autovacuum, single_heap): (String, bool, bool) =
+    let (encoding, server_autovacuum, single_heap, shared_frontier): (String, bool, bool, bool) =
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT current_setting('server_encoding'), {SERVER_AUTOVACUUM_SQL}, \
-                    c.relkind = 'r' AND NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = c.oid) \
+                    c.relkind = 'r' AND NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = c.oid), \
+                    coalesce((SELECT has_sequence_privilege(s.oid, 'SELECT, UPDATE') \
+                                FROM pg_class s WHERE s.oid = to_regclass($2) AND s.relkind = 'S'), false) \
                FROM pg_class c WHERE c.oid = to_regclass($1)"
         )))
         .bind(table.name.quoted())
+        .bind(table.frontier_sequence().quoted())
         .persistent(persistent)
         .fetch_one(&mut *conn)
         .await?;
@@ -189,5 +195,6 @@ pub async fn inspect_with(
         raw_text: encoding.eq_ignore_ascii_case("SQL_ASCII"),
         server_autovacuum,
         single_heap,
+        shared_frontier,
     })
 }

@@ -44,6 +44,8 @@ pub struct MigrationReport {
     pub index_name: String,
     pub index: IndexAction,
     pub reports_table_created: bool,
+    /// The sequence in which the table's relays share their claim frontier was created.
+    pub frontier_created: bool,
     pub autovacuum_changed: bool,
     pub notify_installed: bool,
     /// Autovacuum is off on the server, so the table's settings above have no effect.
@@ -75,6 +77,11 @@ impl MigrationReport {
             "created the lag report table".into()
         } else {
             "lag report table already present".into()
+        });
+        lines.push(if self.frontier_created {
+            "created the claim frontier sequence the relays share".into()
+        } else {
+            "claim frontier sequence already present".into()
         });
         lines.push(if self.autovacuum_changed {
             "set queue-friendly autovacuum settings on the outbox table".into()
@@ -276,6 +283,8 @@ async fn migrate_locked(
     let reports_created =
         ensure_reports_table(conn, &table.reports_table(), &table.limits_table()).await?;
 
+    let frontier_created = ensure_frontier_sequence(conn, table).await?;
+
     let autovacuum_changed = !options.skip_autovacuum && apply_autovacuum(conn, table).await?;
 
     if options.notify {
@@ -288,10 +297,40 @@ async fn migrate_locked(
         index_name: index.to_string(),
         index: action,
         reports_table_created: reports_created,
+        frontier_created,
         autovacuum_changed,
         notify_installed: options.notify,
         server_autovacuum_off: !shape.server_autovacuum,
     })
+}
+
+/// Creates the sequence where the table's relays share their claim frontier, unless it exists;
+/// true when it was created. Owned by the table (dropped with it); starting at 0, which no claim
+/// position precedes, so a fresh sequence moves no seek.
+async fn ensure_frontier_sequence(
+    conn: &mut PgConnection,
+    table: &OutboxTable,
+) -> Result<bool, MigrateError> {
+    let sequence = table.frontier_sequence().quoted();
+    let existed: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(&sequence)
+        .fetch_one(&mut *conn)
+        .await?;
+    if existed {
+        return Ok(false);
+    }
+    run_alone(
+        conn,
+        "create claim frontier sequence",
+        format!(
+            "CREATE SEQUENCE IF NOT EXISTS {sequence} AS bigint MINVALUE 0 START WITH 0 \
+             OWNED BY {}.{}",
+            table.name.quoted(),
+            table.columns.id.quoted()
+        ),
+    )
+    .await?;
+    Ok(true)
 }
 
 /// Creates the report table, or brings one made by an earlier version up to date; true when it
@@ -435,6 +474,7 @@ mod tests {
             index_name: "i".into(),
             index: IndexAction::AlreadyValid,
             reports_table_created: false,
+            frontier_created: false,
             autovacuum_changed: false,
             notify_installed: false,
             server_autovacuum_off: false,

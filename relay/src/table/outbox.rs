@@ -284,4 +284,14 @@ impl OutboxTable {
             table: Ident::new(LIMITS_TABLE).expect("constant is valid"),
         }
     }
+
+    /// The sequence in which every relay of this table shares its claim frontier: the latest
+    /// claim position any of them took, in microseconds since the epoch (see
+    /// `protocol::shared_cursor`). Next to the table, owned by it.
+    pub fn frontier_sequence(&self) -> TableName {
+        TableName {
+            schema: self.name.schema.clone(),
+            table: self.name.derived("claim_frontier"),
+        }
+    }
 }

@@ -51,6 +51,11 @@ pub struct Statements {
     /// it picks up rows committed late with a claim position that recent while walking only
     /// the dead entries of that window, not the whole dead prefix the full claim walks.
     pub claim_recent: Arc<str>,
+    /// Moves the table's shared claim frontier to `$1` (an int8: microseconds since the epoch,
+    /// at most the database's now()) unless it is there already; None when the table has no
+    /// frontier sequence this session may advance, and then [`Statements::claim_from`] starts
+    /// at `$2` alone. See `protocol::shared_cursor`.
+    pub advance_frontier: Option<Arc<str>>,
     /// Settles a batch where every row was confirmed: `$1 uuid[]`.
     pub settle_all_published: Arc<str>,
     /// Settles a batch with per-row outcomes: `$1 uuid[]`, `$2 text[]` (error or NULL),
@@ -101,13 +106,24 @@ pub struct SettlingClaims {
 impl Statements {
     /// Statements for a table whose shape was inspected (the relay's path).
     pub fn for_shape(table: &OutboxTable, shape: &TableShape) -> Self {
-        Self::build(table, shape.payload, shape.raw_text, shape.single_heap)
+        Self::build(
+            table,
+            shape.payload,
+            shape.raw_text,
+            shape.single_heap,
+            shape.shared_frontier,
+        )
     }
 
     /// Statements for a plain table (not partitioned) in a UTF-8 database, when only the payload
-    /// kind is known.
+    /// kind is known; seeks start where the worker says, without a shared frontier.
     pub fn new(table: &OutboxTable, payload: PayloadKind) -> Self {
-        Self::build(table, payload, false, true)
+        Self::build(table, payload, false, true, false)
+    }
+
+    /// As [`Statements::new`], for a table whose frontier sequence the session may advance.
+    pub fn with_shared_frontier(table: &OutboxTable, payload: PayloadKind) -> Self {
+        Self::build(table, payload, false, true, true)
     }
 
     /// The same statements, for connections that reach `pool_mode`.
@@ -121,7 +137,13 @@ impl Statements {
         self.pool_mode.named_statements()
     }
 
-    fn build(table: &OutboxTable, payload: PayloadKind, raw_text: bool, single_heap: bool) -> Self {
+    fn build(
+        table: &OutboxTable,
+        payload: PayloadKind,
+        raw_text: bool,
+        single_heap: bool,
+        shared_frontier: bool,
+    ) -> Self {
         let t = table.name.quoted();
         let c = &table.columns;
         let (id, kind, body, occurred, processed, error) = (
@@ -230,9 +252,20 @@ impl Statements {
         // converts with the session time zone exactly as the claim did, and is still an index
         // condition. The `recent` bound: LEAST ignores a NULL horizon, and the bound is a stable
         // expression, computed once per statement, so it stays an index condition.
+        // With a shared frontier the seek starts at the later of its own bound and the
+        // frontier: one sequence read per claim, an InitPlan the index condition takes as a
+        // value. The per-key claims never seek, so they keep the plain text.
+        let frontier = (shared_frontier && !per_key).then(|| table.frontier_sequence().quoted());
+        let seek_from = match &frontier {
+            Some(sequence) => format!(
+                "greatest($2::timestamptz, \
+                 (SELECT to_timestamp(f.last_value::float8 / 1000000) FROM {sequence} AS f))"
+            ),
+            None => "$2::timestamptz".to_string(),
+        };
         let starts = [
             claim_clause("", 2),
-            claim_clause(&format!(" AND t.{occurred} >= $2::timestamptz"), 3),
+            claim_clause(&format!(" AND t.{occurred} >= {seek_from}"), 3),
             claim_clause(
                 &format!(
                     " AND t.{occurred} >= least($2::timestamptz, now() - make_interval(secs => $3::float8))"
@@ -323,8 +356,22 @@ impl Statements {
             }
         });
 
+        // setval is not transactional: the other relays see the frontier move at once, while
+        // this batch still publishes. Never past now(): one row dated ahead of the others
+        // must not send every seek past them. Two relays racing may set it a little back; the
+        // next claim sets it forward again.
+        let advance_frontier = frontier.map(|sequence| {
+            let to = "least($1::int8, (extract(epoch FROM now()) * 1000000)::int8)";
+            format!(
+                "SELECT setval('{sequence}'::regclass, {to}) FROM {sequence} \
+                 WHERE last_value < {to}"
+            )
+            .into()
+        });
+
         Self {
             settling,
+            advance_frontier,
             pool_mode: PoolMode::Session,
             purge_processed: purge_processed.into(),
             claim: claim.into(),
@@ -421,6 +468,7 @@ mod tests {
             raw_text: false,
             server_autovacuum: true,
             single_heap: true,
+            shared_frontier: false,
         };
         assert!(Statements::for_shape(&table(), &plain).settling.is_some());
         let sql_ascii = TableShape {
@@ -464,6 +512,7 @@ mod tests {
             raw_text: true,
             server_autovacuum: true,
             single_heap: true,
+            shared_frontier: false,
         };
         let s = Statements::for_shape(&table(), &shape);
         assert!(s.claim.contains("convert_to(t.\"type\"::text, 'SQL_ASCII') AS kind, convert_to(t.\"content\"::text, 'SQL_ASCII')"));

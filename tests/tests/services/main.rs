@@ -14,6 +14,8 @@ mod bad_input;
 mod broker_alarm;
 mod broker_cluster;
 mod chaos_tool;
+mod claim_frontier;
+mod claim_plan;
 mod claim_seek;
 mod cli;
 mod collector;

@@ -41,6 +41,8 @@ async fn migration_is_idempotent() {
     .unwrap();
     assert_eq!(second.server_autovacuum_off, server_off);
     assert!(!second.reports_table_created);
+    assert!(first.frontier_created, "the relays' shared claim frontier");
+    assert!(!second.frontier_created);
     assert!(!second.autovacuum_changed);
     let (valid, def) = index_state(&mut conn, &table, &options).await.unwrap();
     assert!(valid);

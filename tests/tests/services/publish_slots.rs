@@ -11,7 +11,7 @@ use outbox_relay::broker::amqp::{AmqpPublisher, AmqpSettings};
 use outbox_relay::broker::routing::{ExchangeType, RoutingKey};
 use outbox_relay::broker::{BatchOutcome, Message, Publisher, Target};
 use outbox_relay::metrics::Metrics;
-use outbox_relay::protocol::batch::{BatchSettings, run_batch};
+use outbox_relay::protocol::batch::{BatchSettings, ClaimFrom, run_batch};
 use outbox_relay::protocol::claim::ClaimStart;
 use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::table::sql::Statements;
@@ -115,7 +115,7 @@ async fn most_batches_at_the_broker(slots: Option<usize>) -> usize {
                         &statements,
                         &settings,
                         &metrics,
-                        ClaimStart::Head,
+                        ClaimFrom::Start(ClaimStart::Head),
                         None,
                     )
                     .await
@@ -185,7 +185,7 @@ async fn a_batch_of_malformed_rows_takes_no_slot() {
             &statements,
             &settings(Some(slots)),
             &Metrics::default(),
-            ClaimStart::Head,
+            ClaimFrom::Start(ClaimStart::Head),
             None,
         ),
     )

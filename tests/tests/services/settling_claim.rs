@@ -9,7 +9,7 @@ use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use outbox_relay::broker::amqp::{AmqpPublisher, AmqpSettings};
 use outbox_relay::broker::routing::RoutingKey;
 use outbox_relay::metrics::Metrics;
-use outbox_relay::protocol::batch::{BatchReport, BatchSettings, run_batch};
+use outbox_relay::protocol::batch::{BatchReport, BatchSettings, ClaimFrom, run_batch};
 use outbox_relay::protocol::claim::ClaimStart;
 use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::table::ident::Ident;
@@ -104,7 +104,7 @@ async fn batch_of(
         statements,
         &settings,
         &Metrics::default(),
-        ClaimStart::Head,
+        ClaimFrom::Start(ClaimStart::Head),
         None,
     )
     .await

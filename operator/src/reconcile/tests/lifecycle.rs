@@ -230,6 +230,7 @@ async fn spec_change_updates_the_deployment_and_advances_observed_generation() {
             db.migrated(|report| MigrationReport {
                 index: IndexAction::AlreadyValid,
                 reports_table_created: false,
+                frontier_created: false,
                 autovacuum_changed: false,
                 ..report
             })
