@@ -427,6 +427,8 @@ def chart_default(path):
                 operator_rbac(docs, "ClusterRoleBinding"), one(docs, "ServiceAccount")))
     check_crd_rbac(p, docs, cluster_wide=True)
     attempt(f"{p}: --manage-crd=true", lambda: "--manage-crd=true" in c["args"] or c["args"])
+    attempt(f"{p}: reconciles and database sessions bounded by default (8, 2 per database)",
+            lambda: {"--reconcile-concurrency=8", "--sessions-per-database=2"} <= set(c["args"]) or c["args"])
     attempt(f"{p}: no OTEL_* variable without tracing.otlpEndpoint",
             lambda: not [e["name"] for e in c.get("env", []) if e["name"].startswith("OTEL_")] or c.get("env"))
     attempt(f"{p}: no ServiceMonitor, PrometheusRule or dashboard ConfigMap unless enabled",

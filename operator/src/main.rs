@@ -10,6 +10,8 @@ use outbox_operator::crd::CRD_NAME;
 use outbox_operator::metrics::Metrics;
 use outbox_operator::reconcile::Settings;
 use outbox_operator::reconcile::build::BuildSettings;
+use outbox_operator::reconcile::context::DEFAULT_RECONCILE_CONCURRENCY;
+use outbox_operator::reconcile::database::sessions::SESSIONS_PER_DATABASE;
 use outbox_operator::runtime::run::{RunOptions, run};
 use outbox_operator::runtime::storage_migration::{Scope, migrate_storage};
 use outbox_operator::runtime::telemetry::{self, LogFormat};
@@ -30,7 +32,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Reconcile OutboxRelay resources until SIGTERM.
-    Run(RunArgs),
+    // Boxed: the other commands take no arguments, and clippy would have every Command as large.
+    Run(Box<RunArgs>),
     /// Print the OutboxRelay CustomResourceDefinition as YAML.
     Crd,
     /// Rewrite every stored OutboxRelay at the CRD's storage version.
@@ -102,6 +105,15 @@ struct RunArgs {
     /// database is down or its Secret is gone.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, env = "OUTBOX_OPERATOR_CLEANUP_TIMEOUT")]
     cleanup_timeout: Duration,
+    /// Reconciles running at once (1 to 1000). Each waits mostly on the API server and the
+    /// database; more of them finish a mass change (a restart, a rotated Secret touching every
+    /// OutboxRelay) sooner at the price of bursts of API requests.
+    #[arg(long, default_value_t = DEFAULT_RECONCILE_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..=1000), env = "OUTBOX_OPERATOR_RECONCILE_CONCURRENCY")]
+    reconcile_concurrency: u16,
+    /// The operator's sessions one database sees at most at any moment (1 to 100), however many
+    /// OutboxRelays use it: the database steps of more reconciles wait their turn.
+    #[arg(long, default_value_t = SESSIONS_PER_DATABASE, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100), env = "OUTBOX_OPERATOR_SESSIONS_PER_DATABASE")]
+    sessions_per_database: usize,
 }
 
 #[tokio::main]
@@ -157,6 +169,8 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                     base_backoff: args.retry_base,
                     max_backoff: args.retry_max.max(args.retry_base),
                     cleanup_timeout: args.cleanup_timeout,
+                    reconcile_concurrency: args.reconcile_concurrency,
+                    sessions_per_database: args.sessions_per_database,
                     ..Settings::default()
                 },
                 metrics,

@@ -58,7 +58,7 @@ async fn migrated_table() -> (OwnSchema, String, RelayPlan) {
     ))
     .await;
     let plan = plan(&table, true);
-    let run = PostgresDatabase
+    let run = PostgresDatabase::default()
         .migrate(&target(), &plan, RELAY)
         .await
         .unwrap();
@@ -126,7 +126,7 @@ async fn clean_up(plan: &RelayPlan, relay: &str, remove_migration: bool) -> Clea
         relay_name: relay.into(),
         remove_migration,
     };
-    PostgresDatabase
+    PostgresDatabase::default()
         .clean_up(&target(), plan, request)
         .await
         .unwrap_or_else(|e| panic!("the cleanup failed: {e}"))
@@ -242,7 +242,7 @@ async fn an_unreachable_database_fails_the_attempt_without_the_password() {
         relay_name: RELAY.into(),
         remove_migration: true,
     };
-    let error = PostgresDatabase
+    let error = PostgresDatabase::default()
         .clean_up(&target, &plan("outbox", false), request)
         .await
         .expect_err("nothing listens");

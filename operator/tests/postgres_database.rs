@@ -87,7 +87,7 @@ fn plan_for(table: &str) -> RelayPlan {
 }
 
 async fn migrate(table: &str) -> Result<MigrationRun, Error> {
-    PostgresDatabase
+    PostgresDatabase::default()
         .migrate(&target(url_with_canary()), &plan_for(table), "shop/orders")
         .await
 }
@@ -192,7 +192,7 @@ async fn an_unreachable_server_is_database_unreachable_without_the_password() {
         UrlKind::Postgres,
     )
     .unwrap();
-    let error = PostgresDatabase
+    let error = PostgresDatabase::default()
         .migrate(&target(url), &plan_for("outbox_messages"), "shop/orders")
         .await
         .unwrap_err();
@@ -248,7 +248,7 @@ async fn a_missing_table_names_the_spec_field_and_is_not_claimed() {
         assert!(matches!(error, Error::MigrationFailed(_)), "{error:?}");
         assert_names_the_missing_table(&error);
         for running in [0, 2] {
-            let error = PostgresDatabase
+            let error = PostgresDatabase::default()
                 .observe_lag(
                     &target(url_with_canary()),
                     &plan_for(missing),
@@ -293,7 +293,7 @@ async fn a_missing_table_beside_a_claimed_one_adds_no_claim_row() {
 async fn a_tests_schema_and_database_take_everything_with_them() {
     let table = create_outbox_table().await;
     migrated(migrate(&table).await);
-    PostgresDatabase
+    PostgresDatabase::default()
         .observe_lag(&target(url_with_canary()), &plan_for(&table), query(0))
         .await
         .unwrap();
@@ -366,7 +366,7 @@ async fn at_zero_pods_the_backlog_is_counted() {
     outbox_relay::tools::seed::copy_rows(&mut connect().await, &plan.table, 30, 50, |_| {})
         .await
         .unwrap();
-    let lag = PostgresDatabase
+    let lag = PostgresDatabase::default()
         .observe_lag(&target(url_with_canary()), &plan, query(0))
         .await
         .unwrap();
@@ -408,7 +408,7 @@ async fn at_zero_pods_an_open_snapshot_is_the_horizon_with_its_holder() {
     .await;
     let secret = SecretUrl::parse(&url, UrlKind::Postgres).unwrap();
     migrated(
-        PostgresDatabase
+        PostgresDatabase::default()
             .migrate(&target(secret.clone()), &plan_for(table), "shop/orders")
             .await,
     );
@@ -425,7 +425,7 @@ async fn at_zero_pods_an_open_snapshot_is_the_horizon_with_its_holder() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let lag = PostgresDatabase
+    let lag = PostgresDatabase::default()
         .observe_lag(&target(secret), &plan_for(table), query(0))
         .await
         .unwrap();
@@ -463,7 +463,7 @@ async fn fresh_reports_are_summed_and_stale_ones_ignored() {
     report(&table, "orders-b", None, 80.0, 2).await;
     // A pod that stopped reporting ten minutes ago no longer speaks for the relay.
     report(&table, "orders-gone", Some(1), 500.0, 600).await;
-    let lag = PostgresDatabase
+    let lag = PostgresDatabase::default()
         .observe_lag(&target(url_with_canary()), &plan_for(&table), query(2))
         .await
         .unwrap();
@@ -482,7 +482,7 @@ async fn with_no_fresh_report_the_backlog_is_unknown() {
     let table = create_outbox_table().await;
     migrated(migrate(&table).await);
     report(&table, "orders-gone", Some(5), 10.0, 600).await;
-    let lag = PostgresDatabase
+    let lag = PostgresDatabase::default()
         .observe_lag(&target(url_with_canary()), &plan_for(&table), query(3))
         .await
         .unwrap();
@@ -518,7 +518,7 @@ async fn a_problem_the_pods_report_reaches_the_lag_with_the_pods_that_have_it() 
             .await
             .unwrap();
     }
-    let lag = PostgresDatabase
+    let lag = PostgresDatabase::default()
         .observe_lag(&target(url_with_canary()), &plan_for(&table), query(3))
         .await
         .unwrap();
@@ -542,7 +542,7 @@ async fn the_first_relay_to_claim_a_table_keeps_it_until_its_claim_expires() {
     let observe = |relay: &'static str| {
         let plan = plan.clone();
         async move {
-            PostgresDatabase
+            PostgresDatabase::default()
                 .observe_lag(&target(url_with_canary()), &plan, query_of(relay))
                 .await
         }
@@ -584,7 +584,7 @@ async fn a_table_another_relay_holds_is_not_migrated_with_this_relays_settings()
     let target = target(url_with_canary());
     let holder_plan = plan_for(&table);
     migrated(
-        PostgresDatabase
+        PostgresDatabase::default()
             .migrate(&target, &holder_plan, "shop/orders")
             .await,
     );
@@ -592,7 +592,7 @@ async fn a_table_another_relay_holds_is_not_migrated_with_this_relays_settings()
     // have: it is refused before its migration could add one.
     let mut copy_plan = holder_plan.clone();
     copy_plan.migration.notify = true;
-    match PostgresDatabase
+    match PostgresDatabase::default()
         .migrate(&target, &copy_plan, "billing/orders-copy")
         .await
     {
@@ -607,4 +607,59 @@ async fn a_table_another_relay_holds_is_not_migrated_with_this_relays_settings()
     .await
     .unwrap();
     assert_eq!(triggers, 0, "the refused relay's migration ran");
+}
+
+/// A burst of reconciles on one database (a restart, a rotated Secret touching every
+/// OutboxRelay) opens at most the operator's sessions per database there at any moment; the
+/// rest wait their turn and then finish.
+#[tokio::test]
+async fn a_burst_of_database_steps_opens_at_most_two_sessions_on_one_database() {
+    let table = create_outbox_table().await;
+    migrated(migrate(&table).await);
+    let plan = plan_for(&table);
+    let database = std::sync::Arc::new(PostgresDatabase::default());
+    // The table locked: every step that reaches its count waits there, holding its session.
+    let mut locker = connect().await;
+    let mut lock = locker.begin().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"
+    )))
+    .execute(&mut *lock)
+    .await
+    .unwrap();
+    let steps: Vec<_> = (0..6)
+        .map(|_| {
+            let (database, plan) = (database.clone(), plan.clone());
+            tokio::spawn(async move {
+                database
+                    .observe_lag(&target(url_with_canary()), &plan, query(0))
+                    .await
+            })
+        })
+        .collect();
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND wait_event_type = 'Lock' AND pid <> pg_backend_pid() \
+         AND strpos(query, '{}') > 0",
+        table.schema.name()
+    );
+    let mut observer = connect().await;
+    let mut most = 0i64;
+    for _ in 0..20 {
+        let now: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(waiting.clone()))
+            .fetch_one(&mut observer)
+            .await
+            .unwrap();
+        most = most.max(now);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        most, 2,
+        "two sessions wait on the table, the other steps wait for them"
+    );
+    lock.rollback().await.unwrap();
+    for step in steps {
+        let lag = step.await.unwrap();
+        assert!(lag.is_ok(), "{lag:?}");
+    }
 }

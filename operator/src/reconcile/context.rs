@@ -11,6 +11,7 @@ use crate::metrics::Metrics;
 use crate::reconcile::build::{BuildSettings, FIELD_MANAGER};
 use crate::reconcile::database::RelayDatabase;
 use crate::reconcile::database::postgres::PostgresDatabase;
+use crate::reconcile::database::sessions::SESSIONS_PER_DATABASE;
 use crate::reconcile::memory::RelayMemory;
 use crate::reconcile::migrate::MigrationMemory;
 use crate::reconcile::rate_share::RateShareMemory;
@@ -30,7 +31,18 @@ pub struct Settings {
     /// How long after its deletion an OutboxRelay's cleanup is retried before the finalizer
     /// is removed anyway ([`DEFAULT_CLEANUP_TIMEOUT`]).
     pub cleanup_timeout: Duration,
+    /// Reconciles running at once (kube-runtime's default has no bound): each holds API
+    /// requests and, for its database steps, a session.
+    pub reconcile_concurrency: u16,
+    /// The operator's sessions one database sees at most at any moment
+    /// ([`crate::reconcile::database::sessions`]).
+    pub sessions_per_database: usize,
 }
+
+/// Reconciles at once by default: enough to keep a thousand OutboxRelays moving (a reconcile
+/// mostly waits on the API server and the database), few enough that a restart does not fire a
+/// thousand at the API server's priority-and-fairness queue together.
+pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 8;
 
 /// How long a deleted OutboxRelay waits for its cleanup by default. Long enough to ride out a
 /// database restart or a managed-service failover (a minute or two) with a few retries; short
@@ -47,6 +59,8 @@ impl Default for Settings {
             base_backoff: Duration::from_secs(5),
             max_backoff: Duration::from_secs(300),
             cleanup_timeout: DEFAULT_CLEANUP_TIMEOUT,
+            reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY,
+            sessions_per_database: SESSIONS_PER_DATABASE,
         }
     }
 }
@@ -80,7 +94,8 @@ pub struct Context {
 impl Context {
     /// The production context: the database steps run on PostgreSQL.
     pub fn new(client: Client, metrics: Arc<Metrics>, settings: Settings) -> Self {
-        Self::with_database(client, Arc::new(PostgresDatabase), metrics, settings)
+        let database = Arc::new(PostgresDatabase::new(settings.sessions_per_database));
+        Self::with_database(client, database, metrics, settings)
     }
 
     pub fn with_database(

@@ -10,6 +10,7 @@
 
 pub mod claims;
 pub mod postgres;
+pub mod sessions;
 
 use std::time::Duration;
 

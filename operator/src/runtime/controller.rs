@@ -8,7 +8,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{Controller, watcher};
+use kube::runtime::{Controller, controller, watcher};
 use kube::{Api, ResourceExt};
 
 use crate::crd::OutboxRelay;
@@ -74,7 +74,9 @@ pub async fn run_controller(
     // reads those by name. No value of an unrelated Secret reaches the operator or its cache.
     let secrets: Api<PartialObjectMeta<Secret>> = api_in(&ctx.client, scope);
     let config_maps: Api<PartialObjectMeta<ConfigMap>> = api_in(&ctx.client, scope);
-    let controller = Controller::new(relays, watcher::Config::default().any_semantic());
+    let concurrency = controller::Config::default().concurrency(ctx.settings.reconcile_concurrency);
+    let controller =
+        Controller::new(relays, watcher::Config::default().any_semantic()).with_config(concurrency);
     let store = controller.store();
     let config_map_store = store.clone();
     controller

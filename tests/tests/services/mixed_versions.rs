@@ -74,7 +74,7 @@ async fn observe(plan: &RelayPlan, relay: &str) -> LagObservation {
         running: 2,
         stale_after: Duration::from_secs(30),
     };
-    PostgresDatabase
+    PostgresDatabase::default()
         .observe_lag(&DatabaseTarget::from_url(url), plan, query)
         .await
         .expect("the operator observes the lag")

@@ -3,6 +3,7 @@
 //!
 //! One short connection per step: the operator reconciles many relays on many databases, and
 //! an idle pool per relay would hold connections their owners budgeted for the application.
+//! At most a few of them on one database at once (see [`SessionLimit`]).
 
 use std::time::Duration;
 
@@ -21,10 +22,12 @@ use outbox_relay::table::reports::{Report, measure_backlog, read_reports, summar
 use outbox_relay::table::sql::Statements;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::reconcile::database::claims::{
     CLAIMS_TABLE, Claim, claim_table, other_holder, release_claim,
 };
+use crate::reconcile::database::sessions::SessionLimit;
 use crate::reconcile::database::{
     CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, PodProblem, RateShare,
     RelayDatabase,
@@ -37,8 +40,19 @@ use crate::reconcile::validate::RelayPlan;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The production [`RelayDatabase`].
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PostgresDatabase;
+#[derive(Debug, Default)]
+pub struct PostgresDatabase {
+    sessions: SessionLimit,
+}
+
+impl PostgresDatabase {
+    /// At most `sessions_per_database` sessions on one database at any moment.
+    pub fn new(sessions_per_database: usize) -> Self {
+        Self {
+            sessions: SessionLimit::new(sessions_per_database),
+        }
+    }
+}
 
 impl RelayDatabase for PostgresDatabase {
     fn migrate<'a>(
@@ -47,7 +61,7 @@ impl RelayDatabase for PostgresDatabase {
         plan: &'a RelayPlan,
         relay_name: &'a str,
     ) -> BoxFuture<'a, Result<MigrationRun, Error>> {
-        migrate_table(database, plan, relay_name).boxed()
+        migrate_table(&self.sessions, database, plan, relay_name).boxed()
     }
 
     fn observe_lag<'a>(
@@ -56,7 +70,7 @@ impl RelayDatabase for PostgresDatabase {
         plan: &'a RelayPlan,
         query: LagQuery,
     ) -> BoxFuture<'a, Result<LagObservation, Error>> {
-        observe_lag(database, plan, query).boxed()
+        observe_lag(&self.sessions, database, plan, query).boxed()
     }
 
     fn write_rate_share<'a>(
@@ -66,7 +80,7 @@ impl RelayDatabase for PostgresDatabase {
         relay_name: &'a str,
         share: Option<RateShare>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        write_rate_share(database, plan, relay_name, share).boxed()
+        write_rate_share(&self.sessions, database, plan, relay_name, share).boxed()
     }
 
     fn clean_up<'a>(
@@ -75,19 +89,20 @@ impl RelayDatabase for PostgresDatabase {
         plan: &'a RelayPlan,
         request: CleanupRequest,
     ) -> BoxFuture<'a, Result<CleanupRun, Error>> {
-        clean_up(database, plan, request).boxed()
+        clean_up(&self.sessions, database, plan, request).boxed()
     }
 }
 
 /// The share goes into the limits table the migration created next to the report table.
 async fn write_rate_share(
+    sessions: &SessionLimit,
     target: &DatabaseTarget,
     plan: &RelayPlan,
     relay_name: &str,
     share: Option<RateShare>,
 ) -> Result<(), Error> {
     let database_url = target.url();
-    let mut conn = connect(target).await?;
+    let mut conn = connect(sessions, target).await?;
     let result = write_share(&mut conn, &plan.table.limits_table(), relay_name, share).await;
     let _ = conn.close().await;
     result.map_err(|e| {
@@ -102,12 +117,13 @@ async fn write_rate_share(
 /// releases the claim: in that order, so no other relay can claim and migrate the table while
 /// its index is being dropped.
 async fn clean_up(
+    sessions: &SessionLimit,
     target: &DatabaseTarget,
     plan: &RelayPlan,
     request: CleanupRequest,
 ) -> Result<CleanupRun, Error> {
     let database_url = target.url();
-    let mut conn = connect(target).await?;
+    let mut conn = connect(sessions, target).await?;
     let result = clean_up_on(&mut conn, plan, &request).await;
     let _ = conn.close().await;
     result.map_err(|error| match error {
@@ -163,12 +179,13 @@ fn claims_table_name(plan: &RelayPlan) -> String {
 }
 
 async fn migrate_table(
+    sessions: &SessionLimit,
     target: &DatabaseTarget,
     plan: &RelayPlan,
     relay_name: &str,
 ) -> Result<MigrationRun, Error> {
     let database_url = target.url();
-    let mut conn = connect(target).await?;
+    let mut conn = connect(sessions, target).await?;
     if let Err(error) = hold_claim(
         &mut conn,
         plan,
@@ -247,12 +264,13 @@ async fn hold_claim(
 /// Reads the reports (or measures, when nothing runs). Reports older than the query's
 /// `stale_after` do not count.
 async fn observe_lag(
+    sessions: &SessionLimit,
     target: &DatabaseTarget,
     plan: &RelayPlan,
     query: LagQuery,
 ) -> Result<LagObservation, Error> {
     let database_url = target.url();
-    let mut conn = connect(target).await?;
+    let mut conn = connect(sessions, target).await?;
     // Every round renews the relay's claim on its table, or finds another relay holds it.
     if let Err(error) = hold_claim(
         &mut conn,
@@ -382,13 +400,44 @@ fn is_condition_reason(text: &str) -> bool {
     starts_with_letter && allowed && !text.ends_with([',', ':']) && text.len() <= 1024
 }
 
+/// One step's session, holding one of its database's [`SessionLimit`] permits until it ends.
+struct Session {
+    conn: PgConnection,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl std::ops::Deref for Session {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Session {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+impl Session {
+    /// Ends the session politely; the permit goes with it.
+    async fn close(self) -> Result<(), sqlx::Error> {
+        self.conn.close().await
+    }
+}
+
 /// Connects as the relays do (libpq's sslmode meanings, the same failure words), so what the
-/// operator reports is what a relay pod would meet.
-async fn connect(target: &DatabaseTarget) -> Result<PgConnection, Error> {
+/// operator reports is what a relay pod would meet; first waits for one of the database's
+/// sessions (the connect timeout starts after).
+async fn connect(sessions: &SessionLimit, target: &DatabaseTarget) -> Result<Session, Error> {
+    let permit = sessions.acquire(target.url()).await;
     let database_url = target.url();
     let attempt = outbox_relay::database::connect(target);
     match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
-        Ok(Ok(conn)) => Ok(conn),
+        Ok(Ok(conn)) => Ok(Session {
+            conn,
+            _permit: permit,
+        }),
         Ok(Err(e)) => {
             let message = format!(
                 "{} ({})",
