@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke image fmt cluster cluster-down cluster-release dist release-tools previous-release otel-collector
+.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke scale image fmt cluster cluster-down cluster-release dist release-tools previous-release otel-collector
 
 all: build
 
@@ -157,6 +157,14 @@ CHAOS_FAILOVER_ARGS ?= --rows 200000
 chaos: services release
 	$(BIN_DIR)/outbox-chaos $(CHAOS_ARGS)
 	$(BIN_DIR)/outbox-chaos --faults pg-failover,broker-node-loss,kill-9,pg-terminate,network-stall $(CHAOS_FAILOVER_ARGS)
+
+## scale: the operator with 1,000 suspended OutboxRelays over 10 databases on the real API server
+## (tests/tests/operator_scale.rs, which make test runs with 100): time until all are Ready and
+## until all are reconciled after their Secrets' rotation, operator RSS, reconcile p99, sessions
+## per database (at most 2) and 429s (none). SCALE_RELAYS= to change the count.
+SCALE_RELAYS ?= 1000
+scale: control-plane services
+	OPERATOR_SCALE_RELAYS=$(SCALE_RELAYS) $(CARGO) test --release -p outbox-tests --test operator_scale -- --nocapture
 
 ## chaos-smoke: a seconds-long chaos run, unordered and with per-key ordering.
 chaos-smoke: services $(SMOKE_BINARIES)

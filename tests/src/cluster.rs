@@ -347,6 +347,12 @@ pub fn refusals(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String
     })
 }
 
+/// Audit records of ServiceAccount `namespace/name` that API Priority and Fairness asked to back
+/// off (429): what a client with too many requests in flight meets.
+pub fn throttled(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String> {
+    audited_responses(plane, namespace, name, |code, _, _| code == 429)
+}
+
 /// `resource` or `resource/subresource` of every write (create, update, patch) the API server
 /// accepted from ServiceAccount `namespace/name`.
 pub fn accepted_writes(
