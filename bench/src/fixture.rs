@@ -39,6 +39,23 @@ impl Fixture {
         migration: &MigrationOptions,
         keys: Option<u64>,
     ) -> anyhow::Result<Self> {
+        Self::create_with_history(database_url, name, workload, rows, 0, mode, migration, keys)
+            .await
+    }
+
+    /// [`Fixture::create`], with `processed` rows already relayed too (in mark mode), dated a
+    /// day before the pending ones: a table that has kept its history.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create_with_history(
+        database_url: &str,
+        name: &str,
+        workload: Workload,
+        rows: u64,
+        processed: u64,
+        mode: DeliveryMode,
+        migration: &MigrationOptions,
+        keys: Option<u64>,
+    ) -> anyhow::Result<Self> {
         let mut table = OutboxTable::new(TableName::parse(name)?);
         table.mode = mode;
         if keys.is_some() {
@@ -69,6 +86,7 @@ impl Fixture {
         .execute(&mut conn)
         .await?;
         fixture.insert(&mut conn, rows).await?;
+        fixture.insert_processed(&mut conn, processed).await?;
         sqlx::raw_sql(AssertSqlSafe(format!(
             "ALTER TABLE {t} ADD PRIMARY KEY (id)"
         )))
@@ -100,6 +118,31 @@ impl Fixture {
             "INSERT INTO {} (id, type, content, occurred_on_utc{key_column}) \
              SELECT u, $1, {}, clock_timestamp() + g * interval '1 microsecond'{key_value} \
              FROM (SELECT gen_random_uuid() AS u, g FROM generate_series($2::bigint, $3::bigint) AS g) AS s",
+            self.table.name.quoted(),
+            self.workload.content_sql()
+        );
+        let mut done = 0u64;
+        while done < rows {
+            let chunk = (rows - done).min(SEED_CHUNK);
+            sqlx::query(AssertSqlSafe(sql.clone()))
+                .bind(ARTICLE_TYPE)
+                .bind((done + 1) as i64)
+                .bind((done + chunk) as i64)
+                .execute(&mut *conn)
+                .await?;
+            done += chunk;
+        }
+        Ok(())
+    }
+
+    /// Inserts `rows` rows already processed a day ago, in chunks as [`Fixture::insert`] does.
+    async fn insert_processed(&self, conn: &mut PgConnection, rows: u64) -> anyhow::Result<()> {
+        let sql = format!(
+            "INSERT INTO {} (id, type, content, occurred_on_utc, processed_on_utc) \
+             SELECT u, $1, {}, o, o + interval '1 second' \
+             FROM (SELECT gen_random_uuid() AS u, g, \
+                          now() - interval '1 day' + g * interval '1 microsecond' AS o \
+                   FROM generate_series($2::bigint, $3::bigint) AS g) AS s",
             self.table.name.quoted(),
             self.workload.content_sql()
         );

@@ -1,6 +1,7 @@
 //! `outbox-bench` (make bench): the relay measured side by side with the broker's ceiling and
 //! the naive loop, on the local PostgreSQL and RabbitMQ. See docs/benchmarks.md.
 
+mod big_table;
 mod broker;
 mod ceiling;
 mod consumer_process;
@@ -30,6 +31,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use sqlx::{Connection, PgConnection};
 
+use crate::big_table::BigTableOptions;
 use crate::env::Env;
 use crate::names::RunNames;
 use crate::plot::{Line, Panel, rate_points};
@@ -66,6 +68,14 @@ struct Args {
     /// Points of the scaling mode, as PxW (P relay processes of W workers each).
     #[arg(long, value_delimiter = ',', default_value = scaling::DEFAULT_POINTS)]
     scaling_points: Vec<String>,
+    /// Big-table mode: the claim and the backlog count on a table with --big-processed
+    /// processed and --big-pending pending rows (mark mode), and --big-pending (delete mode).
+    #[arg(long)]
+    big_table: bool,
+    #[arg(long, default_value_t = 10_000_000)]
+    big_processed: u64,
+    #[arg(long, default_value_t = 1_000_000)]
+    big_pending: u64,
     /// Latency mode at R rows/s (default 1000).
     #[arg(long, value_name = "R", num_args = 0..=1, default_missing_value = "1000")]
     latency: Option<f64>,
@@ -237,7 +247,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (postgres_version, rabbitmq_version) = versions(&env).await;
 
     let smoke = args.smoke;
-    let any_mode = args.sustained || args.latency.is_some() || args.scaling;
+    let any_mode = args.sustained || args.latency.is_some() || args.scaling || args.big_table;
     let do_throughput = smoke || args.throughput || !any_mode;
     let workloads = if args.workload.is_empty() {
         Workload::ALL.to_vec()
@@ -367,6 +377,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         };
         report.scaling = scaling::run(&env, &names, &options).await?;
+    }
+
+    if smoke || args.big_table {
+        let options = if smoke {
+            BigTableOptions {
+                processed: 20_000,
+                pending: 3_000,
+                window: Duration::from_secs(1),
+                drain: true,
+            }
+        } else {
+            BigTableOptions {
+                processed: args.big_processed,
+                pending: args.big_pending,
+                window: Duration::from_secs(args.window.max(1)),
+                drain: false,
+            }
+        };
+        report
+            .scaling
+            .extend(big_table::run(&env, &names, &options).await?);
     }
 
     report.context.finished_at = chrono::Utc::now().to_rfc3339();

@@ -17,6 +17,8 @@ pub struct TableCounters {
     /// Claim statements (their text has `SKIP LOCKED` and the table's name): None when
     /// pg_stat_statements is not loaded.
     pub claims: Option<StatementCounters>,
+    /// The capped backlog counts of the lag report; None without pg_stat_statements.
+    pub backlog_counts: Option<StatementCounters>,
     pub heap_blocks: i64,
     pub index_blocks: i64,
     /// Entries the pending (partial) index returned to scans.
@@ -60,25 +62,15 @@ impl TableCounters {
         table: &str,
         with_statements: bool,
     ) -> anyhow::Result<Self> {
-        let claims = if with_statements {
-            let (calls, rows, blocks, exec_ms): (i64, i64, i64, f64) = sqlx::query_as(
-                "SELECT coalesce(sum(calls), 0)::int8, coalesce(sum(rows), 0)::int8, \
-                 coalesce(sum(shared_blks_hit + shared_blks_read), 0)::int8, \
-                 coalesce(sum(total_exec_time), 0)::float8 \
-                 FROM pg_stat_statements \
-                 WHERE query LIKE '%SKIP LOCKED%' AND strpos(query, $1) > 0",
+        let (claims, backlog_counts) = if with_statements {
+            (
+                Some(statement_counters(conn, table, "%SKIP LOCKED%").await?),
+                Some(
+                    statement_counters(conn, table, "SELECT count(*) FROM (SELECT 1 FROM%").await?,
+                ),
             )
-            .bind(table)
-            .fetch_one(&mut *conn)
-            .await?;
-            Some(StatementCounters {
-                calls,
-                rows,
-                blocks,
-                exec_ms,
-            })
         } else {
-            None
+            (None, None)
         };
         let (heap_blocks, index_blocks): (i64, i64) = sqlx::query_as(
             "SELECT coalesce(heap_blks_hit + heap_blks_read, 0)::int8, \
@@ -98,6 +90,7 @@ impl TableCounters {
         .await?;
         Ok(Self {
             claims,
+            backlog_counts,
             heap_blocks,
             index_blocks,
             pending_index_entries,
@@ -106,22 +99,48 @@ impl TableCounters {
 
     /// What was counted between `earlier` and `self`.
     pub fn since(&self, earlier: &Self) -> Self {
-        let claims = match (self.claims, earlier.claims) {
-            (Some(now), Some(then)) => Some(StatementCounters {
-                calls: now.calls - then.calls,
-                rows: now.rows - then.rows,
-                blocks: now.blocks - then.blocks,
-                exec_ms: now.exec_ms - then.exec_ms,
-            }),
-            _ => None,
-        };
+        let since =
+            |now: Option<StatementCounters>, then: Option<StatementCounters>| match (now, then) {
+                (Some(now), Some(then)) => Some(StatementCounters {
+                    calls: now.calls - then.calls,
+                    rows: now.rows - then.rows,
+                    blocks: now.blocks - then.blocks,
+                    exec_ms: now.exec_ms - then.exec_ms,
+                }),
+                _ => None,
+            };
         Self {
-            claims,
+            claims: since(self.claims, earlier.claims),
+            backlog_counts: since(self.backlog_counts, earlier.backlog_counts),
             heap_blocks: self.heap_blocks - earlier.heap_blocks,
             index_blocks: self.index_blocks - earlier.index_blocks,
             pending_index_entries: self.pending_index_entries - earlier.pending_index_entries,
         }
     }
+}
+
+/// The statements of `table` whose text is `LIKE pattern`, added up.
+async fn statement_counters(
+    conn: &mut PgConnection,
+    table: &str,
+    pattern: &str,
+) -> anyhow::Result<StatementCounters> {
+    let (calls, rows, blocks, exec_ms): (i64, i64, i64, f64) = sqlx::query_as(
+        "SELECT coalesce(sum(calls), 0)::int8, coalesce(sum(rows), 0)::int8, \
+         coalesce(sum(shared_blks_hit + shared_blks_read), 0)::int8, \
+         coalesce(sum(total_exec_time), 0)::float8 \
+         FROM pg_stat_statements WHERE query LIKE $2 AND strpos(query, $1) > 0",
+    )
+    .bind(table)
+    .bind(pattern)
+    .fetch_one(conn)
+    .await?;
+    Ok(StatementCounters {
+        calls,
+        rows,
+        blocks,
+        exec_ms,
+    })
 }
 
 /// How many of the relay's sessions waited, on average over the samples: on a heavyweight lock

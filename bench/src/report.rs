@@ -90,7 +90,7 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
             );
             for w in &self.throughput {
                 let name = w.workload_name();
@@ -327,17 +327,17 @@ fn scaling_table(out: &mut String, runs: &[ScalingRun]) {
     );
     let _ = writeln!(
         out,
-        "| binary | config | workers | msg/s | relay µs/msg | PG µs/msg | claim buffers/row | table buffers/row | index entries/row | claim p50 / p99 ms | claim mean ms | rows/claim | waits lock / lwlock / active |"
+        "| binary | config | workers | msg/s | relay µs/msg | PG µs/msg | claim buffers/row | table buffers/row | index entries/row | claim p50 / p99 ms | claim mean ms | rows/claim | waits lock / lwlock / active | backlog count ms |"
     );
     let _ = writeln!(
         out,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in runs {
         let m = &r.measurement;
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {:.1} / {:.1} | {} | {:.0} | {:.2} / {:.2} / {:.1} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {:.1} / {:.1} | {} | {:.0} | {:.2} / {:.2} / {:.1} | {} |",
             r.contender,
             r.point.label(),
             r.point.total_workers(),
@@ -354,7 +354,9 @@ fn scaling_table(out: &mut String, runs: &[ScalingRun]) {
             r.rows_per_claim(),
             r.waits.lock,
             r.waits.lwlock,
-            r.waits.active
+            r.waits.active,
+            r.backlog_count_mean_ms
+                .map_or("–".into(), |ms| format!("{ms:.1}"))
         );
     }
 }

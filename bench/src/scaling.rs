@@ -96,6 +96,8 @@ pub struct ScalingRun {
     pub claim_p99_ms: f64,
     /// Mean claim execution time on the server (pg_stat_statements).
     pub claim_mean_ms: Option<f64>,
+    /// Mean time of the lag report's capped backlog count on the server.
+    pub backlog_count_mean_ms: Option<f64>,
     pub waits: SessionWaits,
 }
 
@@ -171,7 +173,7 @@ async fn run_point(
 }
 
 /// What one point counted besides the sampled rate.
-struct Counted {
+pub struct Counted {
     counters: TableCounters,
     claim_p50_ms: f64,
     claim_p99_ms: f64,
@@ -179,7 +181,7 @@ struct Counted {
 }
 
 impl Counted {
-    fn into_run(self, contender: &str, point: Point, measurement: Measurement) -> ScalingRun {
+    pub fn into_run(self, contender: &str, point: Point, measurement: Measurement) -> ScalingRun {
         let claims = self.counters.claims;
         // Without pg_stat_statements the settled rows stand in for the claimed ones.
         let claimed_rows = claims.map_or(measurement.messages as i64, |c| c.rows);
@@ -195,13 +197,18 @@ impl Counted {
             claim_p50_ms: self.claim_p50_ms,
             claim_p99_ms: self.claim_p99_ms,
             claim_mean_ms: claims.map(|c| c.exec_ms / c.calls.max(1) as f64),
+            backlog_count_mean_ms: self
+                .counters
+                .backlog_counts
+                .filter(|c| c.calls > 0)
+                .map(|c| c.exec_ms / c.calls as f64),
             waits: self.waits,
             measurement,
         }
     }
 }
 
-async fn measure_point(
+pub async fn measure_point(
     env: &Env,
     fixture: &Fixture,
     destination: &Destination,
