@@ -17,7 +17,8 @@ pub struct TableCounters {
     /// Claim statements (their text has `SKIP LOCKED` and the table's name): None when
     /// pg_stat_statements is not loaded.
     pub claims: Option<StatementCounters>,
-    /// The capped backlog counts of the lag report; None without pg_stat_statements.
+    /// The capped backlog counts of the lag report (pg_stat_statements shows their constant as
+    /// a placeholder); None without pg_stat_statements.
     pub backlog_counts: Option<StatementCounters>,
     pub heap_blocks: i64,
     pub index_blocks: i64,
@@ -66,7 +67,7 @@ impl TableCounters {
             (
                 Some(statement_counters(conn, table, "%SKIP LOCKED%").await?),
                 Some(
-                    statement_counters(conn, table, "SELECT count(*) FROM (SELECT 1 FROM%").await?,
+                    statement_counters(conn, table, "SELECT count(*) FROM (SELECT % FROM%").await?,
                 ),
             )
         } else {
