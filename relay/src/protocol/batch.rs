@@ -14,9 +14,9 @@ use tokio::sync::Semaphore;
 use tracing::warn;
 
 use super::claim::{ClaimStart, claim_query, decode_all, settling_claim_query};
-use super::cursor::ClaimFound;
 use super::message::{dead_letter, to_message};
 pub use super::report::BatchReport;
+use super::report::ClaimFound;
 use super::row::{ClaimedRow, Malformed};
 use super::settle::{RowError, RowOutcome, SettleCounts, revert_query, settle_query};
 use super::shared_cursor::SharedCursor;
@@ -319,16 +319,16 @@ async fn claim_publish_settle<P: Publisher>(
     metrics.batch_size.observe(rows.len() as f64);
     note(timeline, |t| t.claimed(rows.len()));
     if rows.is_empty() {
+        let found = ClaimFound {
+            time: claim_time,
+            ..ClaimFound::default()
+        };
         if let Some(turn) = turn {
-            let found = ClaimFound {
-                time: claim_time,
-                ..ClaimFound::default()
-            };
             turn.claimed(&found, limit as usize);
         }
         commit(metrics, settings, tx).await?;
         return Ok(BatchReport {
-            claim_time,
+            found,
             ..BatchReport::default()
         });
     }
@@ -450,9 +450,7 @@ async fn claim_publish_settle<P: Publisher>(
         untouched,
         nacked,
         broker_broken: broken,
-        first_claimed: rows.first().and_then(|row| row.occurred_at),
-        last_claimed: rows.last().and_then(|row| row.occurred_at),
-        claim_time,
+        found,
     })
 }
 

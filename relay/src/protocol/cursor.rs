@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 
 use super::claim::ClaimStart;
-use super::report::BatchReport;
+use super::report::{BatchReport, ClaimFound};
 
 /// While batches come back full, the recent claim runs about this often when it is cheap.
 pub const RECENT_CLAIM_EVERY: Duration = Duration::from_secs(1);
@@ -188,28 +188,6 @@ impl ClaimCursor {
     }
 }
 
-/// What one claim found, as the cursor needs it.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ClaimFound {
-    pub claimed: usize,
-    /// Claim positions of its first and last row, in claim order.
-    pub first: Option<DateTime<Utc>>,
-    pub last: Option<DateTime<Utc>>,
-    /// How long the claim statement took.
-    pub time: Duration,
-}
-
-impl ClaimFound {
-    pub fn of(report: &BatchReport) -> Self {
-        Self {
-            claimed: report.claimed,
-            first: report.first_claimed,
-            last: report.last_claimed,
-            time: report.claim_time,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,9 +204,12 @@ mod tests {
         BatchReport {
             claimed,
             published: claimed,
-            first_claimed: (claimed > 0).then(|| position(first)),
-            last_claimed: (claimed > 0).then(|| position(last)),
-            claim_time: Duration::from_millis(claim_ms),
+            found: ClaimFound {
+                claimed,
+                first: (claimed > 0).then(|| position(first)),
+                last: (claimed > 0).then(|| position(last)),
+                time: Duration::from_millis(claim_ms),
+            },
             ..Default::default()
         }
     }
@@ -240,7 +221,7 @@ mod tests {
     /// Hands out the next claim at `at` and records `report` as its outcome.
     fn claim(cursor: &mut ClaimCursor, at: Instant, report: &BatchReport) -> ClaimStart {
         let start = cursor.next_start_at(at);
-        cursor.claimed_at(&ClaimFound::of(report), BATCH, at);
+        cursor.claimed_at(&report.found, BATCH, at);
         cursor.settled(report);
         start
     }
@@ -435,10 +416,8 @@ mod tests {
         let t0 = Instant::now();
         let mut cursor = after_full_claim(t0, 500);
         let t = t0 + Duration::from_millis(10);
-        let report = BatchReport {
-            last_claimed: None,
-            ..batch(BATCH, 2, 3, 1)
-        };
+        let mut report = batch(BATCH, 2, 3, 1);
+        report.found.last = None;
         claim(&mut cursor, t, &report);
         assert_eq!(cursor.next_start_at(t), ClaimStart::Head);
     }

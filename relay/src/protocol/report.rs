@@ -19,12 +19,20 @@ pub struct BatchReport {
     pub nacked: usize,
     /// Set when the broker connection must be replaced before the next batch.
     pub broker_broken: Option<BrokerFailure>,
-    /// The claim position (occurred-at) of the batch's first row, where nothing before it was
-    /// pending for this worker; None when that row has no occurred-at.
-    pub first_claimed: Option<DateTime<Utc>>,
-    /// The claim position (occurred-at) of the batch's last row, for the next claim to seek
-    /// from; None when that row has no occurred-at.
-    pub last_claimed: Option<DateTime<Utc>>,
+    /// What the claim found, for the claim cursor.
+    pub found: ClaimFound,
+}
+
+/// What one claim found, as the claim cursor needs it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimFound {
+    pub claimed: usize,
+    /// The claim position (occurred-at) of its first row, where nothing before it was pending
+    /// for this worker; None when that row has no occurred-at.
+    pub first: Option<DateTime<Utc>>,
+    /// The claim position of its last row, for the next claim to seek from; None when that row
+    /// has no occurred-at.
+    pub last: Option<DateTime<Utc>>,
     /// How long the claim statement took.
-    pub claim_time: Duration,
+    pub time: Duration,
 }

@@ -19,8 +19,8 @@
 use tokio::sync::{Mutex, MutexGuard};
 
 use super::claim::ClaimStart;
-use super::cursor::{ClaimCursor, ClaimFound};
-use super::report::BatchReport;
+use super::cursor::ClaimCursor;
+use super::report::{BatchReport, ClaimFound};
 
 /// Shared by the workers of one process, under unordered claims (per-key claims start at the
 /// head of their own lanes and keep no cursor).
