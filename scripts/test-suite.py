@@ -54,6 +54,8 @@ WAITING = {
     "crd_on_apiserver": 10,
     # 2026-12-06: 100 suspended OutboxRelays over 10 databases, the operator as a process.
     "operator_scale": 40,
+    # 2026-12-07: 18 periods of 6 s after the pods drain 20,000 rows, under the cluster lease.
+    "soak": 150,
     "real_node": 8,
 }
 # The modules of the services binary that start their own servers (a RabbitMQ cluster, PostgreSQL

@@ -146,11 +146,17 @@ impl TestCluster {
     /// Freezes the pod's relay process (SIGSTOP through the container runtime), as a relay
     /// that hangs looks: alive, silent, its probes failing until the kubelet restarts it.
     pub async fn freeze_pod(&self, pod: &str) {
+        self.signal_pod(pod, "SIGSTOP").await;
+    }
+
+    /// Sends `signal` to the pod's relay process through the container runtime: `SIGKILL` is
+    /// a crash the kubelet restarts the container after.
+    pub async fn signal_pod(&self, pod: &str, signal: &'static str) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         let pod_object = pods.get(pod).await.expect("the pod exists");
         let container = container_id(&pod_object).expect("the pod's container has started");
         let node = self.node;
-        tokio::task::spawn_blocking(move || node.signal_container(&container, "SIGSTOP"))
+        tokio::task::spawn_blocking(move || node.signal_container(&container, signal))
             .await
             .expect("the signal task")
             .unwrap_or_else(|e| panic!("{e:#}"));
@@ -424,7 +430,7 @@ pub const TEST_OPERATOR_ARGS: [&str; 8] = [
 ];
 
 /// The labels that select the chart's operator pods.
-const OPERATOR_POD_SELECTOR: &str = "app.kubernetes.io/name=outbox-relay-operator";
+pub const OPERATOR_POD_SELECTOR: &str = "app.kubernetes.io/name=outbox-relay-operator";
 
 /// The chart's operator Deployment in a test's namespace: one pod on the node, as shipped but
 /// for [`TEST_OPERATOR_ARGS`] (the chart's `extraArgs`) and text logs.

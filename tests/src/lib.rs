@@ -31,6 +31,7 @@ pub mod rabbit_cluster;
 pub mod registry;
 pub mod scaling_recorder;
 pub mod services;
+pub mod soak;
 pub mod standby;
 pub mod timeline;
 pub mod tls;

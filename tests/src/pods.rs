@@ -14,7 +14,7 @@ use kube::{Api, ResourceExt};
 use tokio::task::JoinHandle;
 
 /// The label the operator puts on every pod of an OutboxRelay: its name.
-const RELAY_LABEL: &str = "app.kubernetes.io/instance";
+pub const RELAY_LABEL: &str = "app.kubernetes.io/instance";
 
 /// Pod counts of one relay at one moment, recorded whenever they change.
 #[derive(Debug, Clone, PartialEq)]
