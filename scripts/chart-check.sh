@@ -158,13 +158,13 @@ fi
 PY="$VENV/bin/python"
 KV=("$VENV/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION")
 
-# The Python checks (scripts/chart_check.py) run in the venv (it has PyYAML through
+# The Python checks (scripts/chart_check/) run in the venv (it has PyYAML through
 # kubernetes-validate).
 
 # pycheck ARGS...: runs one group of Python checks; a crash counts as a failure.
 pycheck() {
     local out rc
-    out=$(ROOT="$ROOT" CRATE_VERSION="$CRATE_VERSION" RELEASE_NS="$RELEASE_NS" "$PY" "$ROOT/scripts/chart_check.py" "$@" 2>&1)
+    out=$(ROOT="$ROOT" CRATE_VERSION="$CRATE_VERSION" RELEASE_NS="$RELEASE_NS" "$PY" "$ROOT/scripts/chart_check" "$@" 2>&1)
     rc=$?
     report <<<"$(grep -E $'^(PASS|FAIL|SKIP)\t' <<<"$out")"
     if [ $rc -ne 0 ]; then
@@ -177,7 +177,7 @@ validate() {
     local name=$1 file=$2 dir out skipped
     shift 2
     dir="$WORK/split-$(echo "$name" | tr -c 'a-zA-Z0-9' '-')"
-    if ! skipped=$("$PY" "$ROOT/scripts/chart_check.py" split "$file" "$dir" "$@" 2>&1); then
+    if ! skipped=$("$PY" "$ROOT/scripts/chart_check" split "$file" "$dir" "$@" 2>&1); then
         fail "$name: kubernetes-validate --strict -k $K8S_VERSION" "$skipped"
         return
     fi
@@ -310,7 +310,7 @@ if [ -n "$PROMTOOL_BIN" ]; then
     check "promtool test rules config/prometheus/outbox-relay-alerts.test.yaml" \
         "$PROMTOOL_BIN" test rules "$ALERTS_TEST"
     # Each alert with its expr emptied: its firing cases must then fail.
-    if mutants=$(ROOT="$ROOT" "$PY" "$ROOT/scripts/chart_check.py" alert-mutants "$WORK/alert-mutants" 2>&1); then
+    if mutants=$(ROOT="$ROOT" "$PY" "$ROOT/scripts/chart_check" alert-mutants "$WORK/alert-mutants" 2>&1); then
         for dir in $mutants; do
             check_fails "promtool test rules fails when $(basename "$dir") never fires" \
                 "FAILED" "$PROMTOOL_BIN" test rules "$dir/$(basename "$ALERTS_TEST")"
@@ -357,19 +357,8 @@ pycheck relay-example
 if [ -z "$PROMTOOL_BIN" ]; then
     skip "dashboard PromQL parses (promtool check rules)" "no promtool"
 else
-    "$PY" - "$ROOT/config/grafana/outbox-relay-dashboard.json" >"$WORK/dashboard-rules.json" <<'PYRULES'
-import json, sys
-dash = json.load(open(sys.argv[1]))
-subst = {"$__rate_interval": "1m", "$__range": "1h", "$namespace": ".+", "$relay": "(orders|billing)"}
-rules = []
-for panel in dash["panels"]:
-    for target in panel.get("targets", []):
-        expr = target["expr"]
-        for key, value in subst.items():
-            expr = expr.replace(key, value)
-        rules.append({"record": f"dashboard:panel{panel['id']}:{target['refId']}", "expr": expr})
-print(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
-PYRULES
+    "$PY" "$ROOT/scripts/chart_check" dashboard-rules "$ROOT/config/grafana/outbox-relay-dashboard.json" \
+        >"$WORK/dashboard-rules.json"
     check "dashboard PromQL parses (promtool check rules)" "$PROMTOOL_BIN" check rules "$WORK/dashboard-rules.json"
 fi
 
