@@ -156,6 +156,7 @@ else
     fail "promtool from Debian's prometheus package (scripts/promtool.sh)" "$(cat "$WORK/promtool.log")"
 fi
 PY="$VENV/bin/python"
+CHECKS="$ROOT/scripts/chart_check"
 KV=("$VENV/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION")
 
 # The Python checks (scripts/chart_check/) run in the venv (it has PyYAML through
@@ -164,7 +165,7 @@ KV=("$VENV/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION")
 # pycheck ARGS...: runs one group of Python checks; a crash counts as a failure.
 pycheck() {
     local out rc
-    out=$(ROOT="$ROOT" CRATE_VERSION="$CRATE_VERSION" RELEASE_NS="$RELEASE_NS" "$PY" "$ROOT/scripts/chart_check" "$@" 2>&1)
+    out=$(ROOT="$ROOT" CRATE_VERSION="$CRATE_VERSION" RELEASE_NS="$RELEASE_NS" "$PY" "$CHECKS" "$@" 2>&1)
     rc=$?
     report <<<"$(grep -E $'^(PASS|FAIL|SKIP)\t' <<<"$out")"
     if [ $rc -ne 0 ]; then
@@ -177,7 +178,7 @@ validate() {
     local name=$1 file=$2 dir out skipped
     shift 2
     dir="$WORK/split-$(echo "$name" | tr -c 'a-zA-Z0-9' '-')"
-    if ! skipped=$("$PY" "$ROOT/scripts/chart_check" split "$file" "$dir" "$@" 2>&1); then
+    if ! skipped=$("$PY" "$CHECKS" split "$file" "$dir" "$@" 2>&1); then
         fail "$name: kubernetes-validate --strict -k $K8S_VERSION" "$skipped"
         return
     fi
@@ -310,7 +311,7 @@ if [ -n "$PROMTOOL_BIN" ]; then
     check "promtool test rules config/prometheus/outbox-relay-alerts.test.yaml" \
         "$PROMTOOL_BIN" test rules "$ALERTS_TEST"
     # Each alert with its expr emptied: its firing cases must then fail.
-    if mutants=$(ROOT="$ROOT" "$PY" "$ROOT/scripts/chart_check" alert-mutants "$WORK/alert-mutants" 2>&1); then
+    if mutants=$(ROOT="$ROOT" "$PY" "$CHECKS" alert-mutants "$WORK/alert-mutants" 2>&1); then
         for dir in $mutants; do
             check_fails "promtool test rules fails when $(basename "$dir") never fires" \
                 "FAILED" "$PROMTOOL_BIN" test rules "$dir/$(basename "$ALERTS_TEST")"
@@ -357,7 +358,7 @@ pycheck relay-example
 if [ -z "$PROMTOOL_BIN" ]; then
     skip "dashboard PromQL parses (promtool check rules)" "no promtool"
 else
-    "$PY" "$ROOT/scripts/chart_check" dashboard-rules "$ROOT/config/grafana/outbox-relay-dashboard.json" \
+    "$PY" "$CHECKS" dashboard-rules "$ROOT/config/grafana/outbox-relay-dashboard.json" \
         >"$WORK/dashboard-rules.json"
     check "dashboard PromQL parses (promtool check rules)" "$PROMTOOL_BIN" check rules "$WORK/dashboard-rules.json"
 fi
@@ -393,10 +394,7 @@ check "Dockerfile and Containerfile: the same FROM scratch final stage, non-root
 for script in e2e-cluster.sh image.sh promtool.sh; do
     check "bash -n scripts/$script" bash -n "$ROOT/scripts/$script"
 done
-if command -v shellcheck >/dev/null; then
-    check "shellcheck scripts/e2e-cluster.sh scripts/image.sh scripts/chart-check.sh scripts/promtool.sh" \
-        shellcheck "$ROOT/scripts/e2e-cluster.sh" "$ROOT/scripts/image.sh" "$ROOT/scripts/chart-check.sh" "$ROOT/scripts/promtool.sh"
-fi
+# shellcheck runs on every script in make lint (scripts/lint-scripts.sh).
 check "e2e-cluster.sh says it is skipped without a kubeconfig" \
     bash -c "env -u KUBECONFIG HOME='$WORK/no-home' '$ROOT/scripts/e2e-cluster.sh' | grep -qi skipped"
 
