@@ -394,7 +394,7 @@ check "Dockerfile and Containerfile: the same FROM scratch final stage, non-root
 for script in e2e-cluster.sh image.sh promtool.sh; do
     check "bash -n scripts/$script" bash -n "$ROOT/scripts/$script"
 done
-# shellcheck runs on every script in make lint (scripts/lint-scripts.sh).
+# make lint runs shellcheck on every script (scripts/lint-scripts.sh).
 check "e2e-cluster.sh says it is skipped without a kubeconfig" \
     bash -c "env -u KUBECONFIG HOME='$WORK/no-home' '$ROOT/scripts/e2e-cluster.sh' | grep -qi skipped"
 

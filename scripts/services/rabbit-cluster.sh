@@ -65,6 +65,7 @@ rc_kill_node() {
   local pid
   pid=$(cat "$rabbit_cluster_dir/rt$1/pid" 2>/dev/null) || return 0
   # The beam's command line names the cluster's HOME, not the node: enough to know it is ours.
+  # shellcheck disable=SC2015 # kill only ours; neither a stranger's pid nor a gone one is an error
   tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "-home $rabbit_cluster_dir/home" && kill -9 "$pid" 2>/dev/null || true
   for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
   rm -f "$rabbit_cluster_dir/rt$1/pid"

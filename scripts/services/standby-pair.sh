@@ -183,6 +183,7 @@ standby_pair_rejoin() {
   data=$(standby_pair_server_dir "$dir" "$server")
   source="$dir/$(standby_pair_other "$server")"
   port=$(standby_pair_port "$data") && source_port=$(standby_pair_port "$source")
+  # shellcheck disable=SC2015 # fails unless both ports are there, as meant
   [ -n "$port" ] && [ -n "$source_port" ] || standby_pair_fail "no port in $dir/*/outbox-pair.conf"
   [ "$(standby_pair_psql "$source_port" -d postgres -c 'select pg_is_in_recovery()')" = f ] \
     || standby_pair_fail "the server on $source_port is not a primary: promote it first"
