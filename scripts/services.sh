@@ -45,8 +45,6 @@ services_dir="$(dirname "${BASH_SOURCE[0]}")/services"
 . "$services_dir/common.sh"
 # shellcheck source=services/install.sh
 . "$services_dir/install.sh"
-# shellcheck source=services/tls.sh
-. "$services_dir/tls.sh"
 # shellcheck source=services/postgres.sh
 . "$services_dir/postgres.sh"
 # shellcheck source=services/postgres-majors.sh
@@ -55,6 +53,9 @@ services_dir="$(dirname "${BASH_SOURCE[0]}")/services"
 . "$services_dir/pgbouncer.sh"
 # shellcheck source=services/rabbitmq.sh
 . "$services_dir/rabbitmq.sh"
+# After the files whose functions its stamp (TLS_VERSION) hashes.
+# shellcheck source=services/tls.sh
+. "$services_dir/tls.sh"
 # shellcheck source=services/artemis.sh
 . "$services_dir/artemis.sh"
 # shellcheck source=services/artemis-pair.sh

@@ -20,7 +20,6 @@
 # Each member has a core acceptor on its port + 1000, for the cluster connection that pairs
 # them (static connectors to each other: artemis create --shared-store implies a cluster, by
 # default found by UDP multicast, which would join every pair on this machine into one).
-ARTEMIS_PAIR_VERSION=1 # bumped when the set-up below changes: the instances are then made again
 
 # create_pair_member DIR ROLE PORT OTHER_PORT SHARED: the instance of one member.
 create_pair_member() {
@@ -107,3 +106,6 @@ artemis_pair_command() {
     *) echo "unknown command $1" >&2; exit 2 ;;
   esac
 }
+
+# The members' stamp: when create_pair_member changes, the instances are made again.
+ARTEMIS_PAIR_VERSION=$(stamp create_pair_member)

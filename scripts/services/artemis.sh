@@ -3,8 +3,6 @@
 # by scripts/services.sh.
 
 ARTEMIS_VERSION=2.40.0 # the newest Maven Central serves as a bin archive; runs on Java 17
-# Bumped when create_artemis changes, so that an instance made by an older script is made again.
-ARTEMIS_INSTANCE_VERSION=4
 artemis_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/artemis/$ARTEMIS_VERSION"
 artemis_home="$artemis_dir/apache-artemis-$ARTEMIS_VERSION"
 artemis_instance="$artemis_dir/instance"
@@ -218,3 +216,8 @@ stop_private_artemis() {
   kill -9 "$pid" 2>/dev/null || true
   rm -f "$dir/data/artemis.pid"
 }
+
+# The instance's stamp: when create_artemis or what it reads changes, an instance made by an
+# older script is made again.
+ARTEMIS_INSTANCE_VERSION=$(stamp create_artemis -- "$ARTEMIS_PORT" "$ARTEMIS_MODIFIED_PORT" "$ARTEMIS_TLS_PORT" \
+  "$ARTEMIS_CORE_PORT" "$SERVICES_ADDRESS")

@@ -38,3 +38,15 @@ amqp10_up() {
 
 # Run as postgres, from a directory it may enter.
 as_postgres() { (cd / && as_root runuser -u postgres -- "$@"); }
+
+# stamp FUNCTION... [-- VALUE...]: a cache stamp, a short hash of the functions' code (as bash
+# prints it back: comments and layout do not count) and of the values given (the settings that
+# code reads). Whatever changes them makes the thing again on the next run, as the OpenTelemetry
+# Collector's key does; nothing is bumped by hand. A function not defined fails the script.
+stamp() {
+  local functions=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do functions+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  { declare -f "${functions[@]}" || { echo "stamp: no function among ${functions[*]}" >&2; return 1; }
+    printf '%s\n' "$@"; } | sha256sum | cut -c1-16
+}

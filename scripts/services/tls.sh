@@ -5,9 +5,7 @@
 # TLS and real authentication, set up the way managed services are (beside the trust roles most
 # tests use): a test CA under $tls_dir signs the servers' certificates (IP 127.0.0.1 and the
 # services address the pods use, so `localhost` is a wrong host name) and a client certificate
-# for the certificate-login role. Bumped when setup_tls, configure_postgres_tls,
-# configure_rabbitmq_tls or start_pgbouncer changes, so they are all made again.
-TLS_VERSION=2
+# for the certificate-login role. TLS_VERSION, their stamp, is at the end of this file.
 tls_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/tls"
 PG_TLS_ONLY_PASSWORD='p@ss:w/rd %?&#tls'  # every character a URL must percent-encode
 PG_MD5_PASSWORD='md5-Pw/with:colon'
@@ -83,3 +81,10 @@ tls_copy_current() {
     as_root cmp -s "$tls_dir/$f" "$dir/$f" 2>/dev/null || return 1
   done
 }
+
+# The stamp of the test CA and of every TLS set-up that copies it (the main cluster's, PgBouncer's,
+# RabbitMQ's, the other majors'): a change to setup_tls, configure_postgres_tls (and the rules it
+# writes), configure_rabbitmq_tls or start_pgbouncer, or to what they read, makes them all again.
+# Those functions are defined first (scripts/services.sh sources this file after theirs).
+TLS_VERSION=$(stamp setup_tls configure_postgres_tls pg_tls_hba_rules configure_rabbitmq_tls start_pgbouncer \
+  -- "$SERVICES_ADDRESS" "$NODES_NETWORK" "$PGBOUNCER_PORT" "$PG_TLS_ONLY_PASSWORD" "$PG_MD5_PASSWORD")
