@@ -20,7 +20,7 @@ endif
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
 
-.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke scale soak image fmt cluster cluster-down cluster-release dist release-tools previous-release otel-collector
+.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke scale soak image fmt script-lint cluster cluster-down cluster-release dist release-tools previous-release otel-collector
 
 all: build
 
@@ -117,8 +117,9 @@ test-rust:
 	$(CARGO) build --workspace --all-targets --release
 	CARGO='$(CARGO)' ./scripts/test-suite.py
 
-## lint: formatting, clippy with warnings denied, and no import circle between either crate's modules.
-lint: module-check
+## lint: formatting, clippy with warnings denied, no import circle between either crate's modules,
+## and the scripts' lint.
+lint: module-check script-lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
@@ -126,6 +127,11 @@ lint: module-check
 ## top-level folders. tests/tests/imports.rs reads the sources with syn: seconds once built.
 module-check:
 	$(CARGO) test --release --workspace --test imports
+
+## script-lint: bash -n and shellcheck on every shell script, py_compile and pyflakes on every
+## Python file (scripts/lint-scripts.sh; shellcheck from Debian's package, pyflakes from PyPI).
+script-lint:
+	./scripts/lint-scripts.sh
 
 fmt:
 	$(CARGO) fmt --all

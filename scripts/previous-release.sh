@@ -104,6 +104,7 @@ git_dir="$work/git"
 git init -q --bare "$git_dir"
 (cd "$ROOT" && realpath "$(git rev-parse --git-common-dir)/objects") >"$git_dir/objects/info/alternates"
 git --git-dir="$git_dir" update-ref --no-deref HEAD "$COMMIT"
+# shellcheck disable=SC2034 # image.sh prints the layout's path: kept off stdout, whose one line is release.env's path
 layout="$(cd "$work/src" && GIT_DIR="$git_dir" BIN_DIR="$bin_dir" IMAGE_OUT="$out.tmp/image" \
     IMAGE="ghcr.io/outbox-relay/outbox-relay:$VERSION" ./scripts/image.sh)"
 rm -rf "$out.tmp/image/context"
