@@ -98,11 +98,12 @@ impl Sampler {
                 tokio::time::sleep_until(end.into()).await;
                 let now = Instant::now();
                 let seconds = now.duration_since(begun).as_secs_f64();
-                let (from, to) = (
-                    begun.duration_since(started).as_secs_f64(),
-                    now.duration_since(started).as_secs_f64(),
-                );
+                let to = now.duration_since(started).as_secs_f64();
                 begun = now;
+                // A fault is named in the period the schedule put it in: the sampler wakes a
+                // little after the boundary, where a fault due at it has already begun.
+                let length = self.period.as_secs_f64();
+                let (from, until) = (length * f64::from(index), length * f64::from(index + 1));
                 let (delivered, latency_p99_ms) = self.arrivals.take_period();
                 let offered_now = self.inserted.load(Ordering::SeqCst);
                 let offered = offered_now - offered_before;
@@ -116,7 +117,7 @@ impl Sampler {
                     .lock()
                     .unwrap()
                     .iter()
-                    .filter(|s| s.start_s >= from && s.start_s < to)
+                    .filter(|s| s.start_s >= from && s.start_s < until)
                     .map(|s| s.fault.name())
                     .collect();
                 periods.push(Period {
