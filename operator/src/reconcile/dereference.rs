@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use outbox_relay::broker::urls::BrokerUrls;
+use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::database::{DatabaseTarget, Pem, TlsMaterial};
-use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use sqlx::postgres::PgSslMode;
 
 use crate::crd::tls::{TLS_CERT_KEY, TLS_KEY_KEY};

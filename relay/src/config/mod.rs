@@ -20,9 +20,9 @@ use crate::broker::cloudevents::{self, CloudEvents, CloudEventsMode};
 use crate::broker::routing::{ExchangeType, RoutingKey};
 use crate::broker::tls::BrokerTls;
 use crate::broker::urls::BrokerUrls;
+use crate::connect::secret_url::{SecretUrl, UrlKind};
 use crate::database::{DatabaseTarget, PoolMode, SessionBounds};
 use crate::defaults::{self, AMQP_SHORT_STRING_MAX};
-use crate::secret_url::{SecretUrl, UrlKind};
 use crate::table::ident::{Ident, TableName};
 use crate::table::outbox::{ColumnRole, Columns, DeliveryOrder, OutboxTable};
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use outbox_relay::connect::secret_url::SecretUrl;
 use outbox_relay::database::{DatabaseTarget, FailureKind};
 use outbox_relay::defaults::BACKLOG_CAP;
-use outbox_relay::secret_url::SecretUrl;
 use outbox_relay::table::cleanup::{CleanupError, remove_migration};
 use outbox_relay::table::health::{HorizonClock, measure_table_health};
 use outbox_relay::table::inspect::{InspectError, inspect};
@@ -509,7 +509,7 @@ fn redact(message: &str, url: &SecretUrl) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_relay::secret_url::UrlKind;
+    use outbox_relay::connect::secret_url::UrlKind;
 
     #[test]
     fn redaction_removes_url_and_password() {

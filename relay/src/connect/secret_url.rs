@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::libpq_url;
+use crate::connect::libpq_url;
 
 /// Which service a URL is for; decides the accepted schemes and the error wording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
