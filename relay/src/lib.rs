@@ -11,7 +11,8 @@
 //!   password, libpq's multi-host URLs, password files, certificate dates), and [`announce`]
 //!   and [`metrics`]: leaves shared by everything above;
 //! - [`database`]: opening connections (TLS as libpq means it, password files, clear failures);
-//! - [`table`]: identifiers, the table's shape, its SQL, the migration and the lag reports;
+//! - [`table`]: identifiers, the table's shape, its SQL, the migration, the lag reports and the
+//!   on-call repairs (replay, dead letters);
 //! - [`broker`]: the publisher trait (publish a batch, await its confirms) and its AMQP 0-9-1
 //!   implementation;
 //! - [`telemetry`]: the relay's own spans (one trace per batch) and their OTLP export, off

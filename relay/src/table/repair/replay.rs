@@ -23,7 +23,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::table::outbox::OutboxTable;
-use crate::tools::quoted::QuotedTable;
+use crate::table::repair::quoted::QuotedTable;
 
 /// The header a replayed message carries: the RFC 3339 time of the replay run. The relay sends
 /// the headers column as AMQP 0-9-1 headers and as AMQP 1.0 application properties, like its

@@ -19,7 +19,7 @@ use sqlx::{AssertSqlSafe, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::table::outbox::OutboxTable;
-use crate::tools::quoted::QuotedTable;
+use crate::table::repair::quoted::QuotedTable;
 
 /// What `discard` puts before a row's error. `list`, `requeue` and `discard` leave such rows
 /// alone; the text after it is the row's error as the relay wrote it.
