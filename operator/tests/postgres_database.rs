@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_operator::reconcile::database::postgres::PostgresDatabase;
 use outbox_operator::reconcile::database::{LagQuery, MigrationRun, RelayDatabase};
-use outbox_operator::reconcile::validate::{RelayPlan, validate};
+use outbox_operator::reconcile::input::validate::{RelayPlan, validate};
 use outbox_operator::{Error, OutboxRelaySpec};
 use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::database::DatabaseTarget;

@@ -12,7 +12,7 @@ use lapin::ExchangeKind;
 use outbox_operator::OutboxRelaySpec;
 use outbox_operator::reconcile::database::postgres::PostgresDatabase;
 use outbox_operator::reconcile::database::{LagObservation, LagQuery, RelayDatabase};
-use outbox_operator::reconcile::validate::{RelayPlan, validate};
+use outbox_operator::reconcile::input::validate::{RelayPlan, validate};
 use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::database::DatabaseTarget;
 use outbox_relay::table::reports::read_reports;

@@ -32,8 +32,8 @@ use crate::reconcile::database::{
     CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, PodProblem, RateShare,
     RelayDatabase,
 };
-use crate::reconcile::error::Error;
-use crate::reconcile::validate::RelayPlan;
+use crate::reconcile::driver::error::Error;
+use crate::reconcile::input::validate::RelayPlan;
 
 /// A connection attempt longer than this is an outage, not a slow network; the reconciler must
 /// not sit on it.

@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 
 use super::scenario::{Scenario, amqp_secret, assert_conditions, message, orders_relay};
 use crate::crd::OutboxRelay;
-use crate::reconcile::conditions::{DEGRADED, INDEX_READY, READY, RECONCILING, STALLED};
+use crate::reconcile::status::conditions::{DEGRADED, INDEX_READY, READY, RECONCILING, STALLED};
 use crate::reconcile::{Error, error_policy};
 use crate::test_support::api_server::Reply;
 use crate::test_support::{LEAK_CANARY, database_url_with_canary, secret};
@@ -420,8 +420,8 @@ async fn pods_that_report_a_missing_exchange_make_the_relay_not_ready_with_an_ev
 
 #[test]
 fn a_pod_problem_is_announced_when_it_starts_not_while_it_lasts() {
-    use crate::reconcile::conditions::{NewCondition, set_condition};
-    use crate::reconcile::events::problem_started;
+    use crate::reconcile::status::conditions::{NewCondition, set_condition};
+    use crate::reconcile::status::events::problem_started;
     let problem = missing_exchange(&["orders-7f9c"]);
     let mut status = crate::OutboxRelayStatus::default();
     assert!(problem_started(None, &problem));

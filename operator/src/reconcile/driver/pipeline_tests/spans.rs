@@ -9,7 +9,7 @@ use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
 use tracing_subscriber::layer::SubscriberExt;
 
 use super::scenario::{Scenario, orders_relay};
-use crate::reconcile::conditions::READY;
+use crate::reconcile::status::conditions::READY;
 
 /// Keeps what it is handed: the exporter's side of the SDK, without a collector.
 #[derive(Debug, Clone, Default)]

@@ -19,7 +19,7 @@ use crate::crd::tls::{TLS_CERT_KEY, TLS_KEY_KEY};
 use crate::crd::{
     BrokerTlsSpec, CaSource, DatabaseTlsSpec, OutboxRelaySpec, PostgresTlsMode, SecretKeyRef,
 };
-use crate::reconcile::error::Error;
+use crate::reconcile::driver::error::Error;
 
 /// URL parameters that `spec.database.tls` sets; a URL may not set them too.
 const URL_TLS_PARAMETERS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];

@@ -11,18 +11,18 @@
 //! Deployment carries the count it ran with before (an annotation, on the cluster so an
 //! operator restart keeps it), and a paused relay resumes with that count.
 //!
-//! [`autoscaler`]: crate::reconcile::autoscaler
+//! [`autoscaler`]: crate::reconcile::scaling::autoscaler
 
 use chrono::{DateTime, Utc};
 
 use crate::crd::OutboxRelaySpec;
-use crate::reconcile::autoscaler::{
+use crate::reconcile::database::LagObservation;
+use crate::reconcile::driver::memory::RelayMemory;
+use crate::reconcile::input::validate::RelayPlan;
+use crate::reconcile::observe::Observed;
+use crate::reconcile::scaling::autoscaler::{
     Observation, RateLimitSeen, Recommendation, ScalingConfig, ScalingHistory, recommend,
 };
-use crate::reconcile::database::LagObservation;
-use crate::reconcile::memory::RelayMemory;
-use crate::reconcile::observe::Observed;
-use crate::reconcile::validate::RelayPlan;
 
 /// The autoscaler's histories of this process, per relay.
 pub type ScalingMemory = RelayMemory<ScalingHistory>;

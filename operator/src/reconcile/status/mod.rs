@@ -1,5 +1,16 @@
 //! The status the reconciler writes, computed from what it did and observed. Pure functions:
 //! the current status goes in (so transition times survive), the new status comes out.
+//!
+//! Beneath it, what the status is made of: the conditions' bookkeeping ([`conditions`]),
+//! kstatus' Reconciling and Stalled ([`progress`]), `spec.suspend` ([`suspension`]), the
+//! table's health ([`table_health`]), and the events that announce the same changes
+//! ([`events`]).
+
+pub mod conditions;
+pub mod events;
+pub mod progress;
+pub mod suspension;
+pub mod table_health;
 
 use std::time::Duration;
 
@@ -8,19 +19,23 @@ use k8s_openapi::jiff::Timestamp;
 use outbox_relay::table::migrate::IndexAction;
 
 use crate::crd::{OutboxRelayStatus, RateLimitStatus};
-use crate::reconcile::autoscaler::{Limit, Reason};
-use crate::reconcile::conditions::{
-    self, ConditionStatus, DEGRADED, INDEX_READY, NewCondition, READY, SCALING_ACTIVE,
-    SCALING_LIMITED, set_condition,
-};
 use crate::reconcile::database::{PodProblem, RateShare};
-use crate::reconcile::error::Error;
+use crate::reconcile::driver::error::Error;
 use crate::reconcile::migrate::MigrationOutcome;
-use crate::reconcile::pods::{OOM_KILLED, OomKill, oom_message};
-use crate::reconcile::progress::Progress;
-use crate::reconcile::recommend::ScalingOutcome;
-use crate::reconcile::suspension::{READY_SUSPENDED, suspended_condition, suspended_message};
-use crate::reconcile::table_health::{VACUUM_BLOCKED, table_health_status, vacuum_blocked_message};
+use crate::reconcile::observe::pods::{OOM_KILLED, OomKill, oom_message};
+use crate::reconcile::scaling::autoscaler::{Limit, Reason};
+use crate::reconcile::scaling::recommend::ScalingOutcome;
+use crate::reconcile::status::conditions::{
+    ConditionStatus, DEGRADED, INDEX_READY, NewCondition, READY, SCALING_ACTIVE, SCALING_LIMITED,
+    set_condition,
+};
+use crate::reconcile::status::progress::Progress;
+use crate::reconcile::status::suspension::{
+    READY_SUSPENDED, suspended_condition, suspended_message,
+};
+use crate::reconcile::status::table_health::{
+    VACUUM_BLOCKED, table_health_status, vacuum_blocked_message,
+};
 
 /// What a successful pass through the pipeline saw.
 #[derive(Debug, Clone)]
@@ -425,7 +440,7 @@ fn rollout_condition(observed: &Observation<'_>) -> NewCondition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::conditions::{RECONCILING, STALLED, SUSPENDED};
+    use crate::reconcile::status::conditions::{RECONCILING, STALLED, SUSPENDED};
     use k8s_openapi::api::apps::v1::{DeploymentCondition, DeploymentStatus};
     use outbox_relay::table::migrate::MigrationReport;
 

@@ -6,8 +6,8 @@ use outbox_relay::table::health::{HolderKind, HorizonHolder, TableHealth};
 
 use super::scenario::{Scenario, assert_conditions, live_deployment, message, orders_relay};
 use crate::crd::{OutboxRelay, OutboxRelayStatus, TableHealthStatus};
-use crate::reconcile::conditions::{DEGRADED, READY};
 use crate::reconcile::database::LagObservation;
+use crate::reconcile::status::conditions::{DEGRADED, READY};
 
 /// What the measuring pod reported: a snapshot held open `age_seconds` by a report job.
 fn reported(age_seconds: f64) -> TableHealth {

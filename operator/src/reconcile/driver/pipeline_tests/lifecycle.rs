@@ -13,12 +13,12 @@ use super::scenario::{
     Scenario, assert_conditions, live_deployment, message, orders_relay, served,
 };
 use crate::crd::OutboxRelay;
-use crate::reconcile::conditions::{DEGRADED, INDEX_READY, READY};
 use crate::reconcile::database::{LagObservation, MigrationRun};
+use crate::reconcile::input::validate::validate;
 use crate::reconcile::migrate::MigrationOutcome;
-use crate::reconcile::recommend::ScalingOutcome;
+use crate::reconcile::scaling::recommend::ScalingOutcome;
+use crate::reconcile::status::conditions::{DEGRADED, INDEX_READY, READY};
 use crate::reconcile::status::{Observation, healthy_status};
-use crate::reconcile::validate::validate;
 
 #[tokio::test]
 async fn new_relay_is_migrated_deployed_and_reported() {
@@ -254,7 +254,8 @@ async fn spec_change_updates_the_deployment_and_advances_observed_generation() {
                     (READY, "True", "Available"),
                 ],
             );
-            let ready = crate::reconcile::conditions::find(&status.conditions, READY).unwrap();
+            let ready =
+                crate::reconcile::status::conditions::find(&status.conditions, READY).unwrap();
             assert_eq!(ready.observed_generation, Some(2));
         })
         .run()

@@ -21,8 +21,8 @@ use outbox_relay::table::health::TableHealth;
 use outbox_relay::table::migrate::MigrationReport;
 
 use crate::reconcile::database::claims::Release;
-use crate::reconcile::error::Error;
-use crate::reconcile::validate::RelayPlan;
+use crate::reconcile::driver::error::Error;
+use crate::reconcile::input::validate::RelayPlan;
 
 /// What the database steps of one reconcile can do.
 pub trait RelayDatabase: Send + Sync {

@@ -6,16 +6,16 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use outbox_relay::table::migrate::{AUTOVACUUM_OFF_WARNING, IndexAction};
 
 use crate::crd::{OutboxRelay, OutboxRelayStatus};
-use crate::reconcile::conditions::{self, DEGRADED, READY};
 use crate::reconcile::database::PodProblem;
 use crate::reconcile::migrate::MigrationOutcome;
-use crate::reconcile::pods::{OOM_KILLED, OomKill, oom_message};
-use crate::reconcile::recommend::ScalingOutcome;
-use crate::reconcile::suspension::{
+use crate::reconcile::observe::pods::{OOM_KILLED, OomKill, oom_message};
+use crate::reconcile::scaling::recommend::ScalingOutcome;
+use crate::reconcile::status::conditions::{self, DEGRADED, READY};
+use crate::reconcile::status::suspension::{
     READY_SUSPENDED, RESUMED, SuspensionChange, resumed_message, suspended_message,
     suspension_change,
 };
-use crate::reconcile::table_health::{
+use crate::reconcile::status::table_health::{
     VACUUM_BLOCKED, VACUUM_UNBLOCKED, VacuumChange, vacuum_blocked_message, vacuum_change,
     vacuum_unblocked_message,
 };

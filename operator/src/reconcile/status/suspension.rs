@@ -9,7 +9,7 @@
 //! `Suspended` from the `Suspended` condition.
 
 use crate::crd::OutboxRelayStatus;
-use crate::reconcile::conditions::{self, NewCondition, SUSPENDED};
+use crate::reconcile::status::conditions::{self, NewCondition, SUSPENDED};
 
 /// The `Suspended` condition's reason while `spec.suspend` is true.
 pub const SUSPENDED_BY_SPEC: &str = "SuspendedBySpec";
@@ -99,7 +99,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     use super::*;
-    use crate::reconcile::conditions::set_condition;
+    use crate::reconcile::status::conditions::set_condition;
 
     fn status(replicas: i32, backlog: Option<i64>, capped: bool) -> OutboxRelayStatus {
         OutboxRelayStatus {

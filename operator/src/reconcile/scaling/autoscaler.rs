@@ -16,7 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::crd::{PolicyType, ScalingRules, ScalingSpec, SelectPolicy};
-use crate::reconcile::validate::ScalingPlan;
+use crate::reconcile::input::validate::ScalingPlan;
 
 /// The scaling block with its durations parsed.
 #[derive(Debug, Clone, PartialEq)]

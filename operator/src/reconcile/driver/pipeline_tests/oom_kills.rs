@@ -6,8 +6,8 @@
 use serde_json::{Value, json};
 
 use super::scenario::{Scenario, assert_conditions, live_deployment, message, orders_relay};
-use crate::reconcile::conditions::{DEGRADED, READY};
 use crate::reconcile::database::LagObservation;
+use crate::reconcile::status::conditions::{DEGRADED, READY};
 
 /// A relay pod in back-off after its container was OOM-killed twice, limited to 48Mi.
 fn killed_pod() -> Value {

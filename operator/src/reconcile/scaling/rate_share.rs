@@ -14,7 +14,7 @@
 //! autoscaler runs no more pods than maxRate.
 
 use crate::reconcile::database::RateShare;
-use crate::reconcile::memory::RelayMemory;
+use crate::reconcile::driver::memory::RelayMemory;
 
 /// The smallest share a pod gets, as `--max-rate` allows.
 pub const MIN_PER_POD: f64 = 1.0;

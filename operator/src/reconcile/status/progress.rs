@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::reconcile::conditions::{NewCondition, RECONCILING, STALLED};
+use crate::reconcile::status::conditions::{NewCondition, RECONCILING, STALLED};
 
 /// How long a failure the operator retries on its own (the database unreachable, the lag
 /// reports unreadable) may last before the relay counts as Stalled: a restart or failover of
@@ -86,7 +86,7 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::conditions::ConditionStatus;
+    use crate::reconcile::status::conditions::ConditionStatus;
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(seconds).unwrap()

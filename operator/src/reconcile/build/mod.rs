@@ -23,7 +23,7 @@ use outbox_relay::config::{RunArgs, TableArgs};
 use outbox_relay::table::outbox::DeliveryOrder;
 
 use crate::crd::{BrokerProtocol, BrokerSpec, OutboxRelay, SecretKeyRef};
-use crate::reconcile::validate::RelayPlan;
+use crate::reconcile::input::validate::RelayPlan;
 use outbox_relay::broker::cloudevents::CloudEventsMode;
 
 use self::files::ConnectionFiles;

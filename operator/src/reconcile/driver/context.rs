@@ -12,10 +12,10 @@ use crate::reconcile::build::{BuildSettings, FIELD_MANAGER};
 use crate::reconcile::database::RelayDatabase;
 use crate::reconcile::database::postgres::PostgresDatabase;
 use crate::reconcile::database::sessions::SESSIONS_PER_DATABASE;
-use crate::reconcile::memory::RelayMemory;
+use crate::reconcile::driver::memory::RelayMemory;
 use crate::reconcile::migrate::MigrationMemory;
-use crate::reconcile::rate_share::RateShareMemory;
-use crate::reconcile::recommend::ScalingMemory;
+use crate::reconcile::scaling::rate_share::RateShareMemory;
+use crate::reconcile::scaling::recommend::ScalingMemory;
 
 /// Knobs of the reconciler that are not part of any resource.
 #[derive(Debug, Clone)]

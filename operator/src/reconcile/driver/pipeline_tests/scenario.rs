@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 
 use crate::crd::{OutboxRelay, OutboxRelayStatus};
 use crate::reconcile::build::{BuildSettings, build_deployment};
-use crate::reconcile::conditions;
+use crate::reconcile::input::validate::validate;
 use crate::reconcile::migrate::MigrationKey;
-use crate::reconcile::validate::validate;
+use crate::reconcile::status::conditions;
 use crate::reconcile::{Context, Error, Settings, reconcile};
 use crate::test_support::api_server::{Exchange, Reply, Step, finish, mock_context, serve};
 use crate::test_support::database::{DatabaseCall, ScriptedDatabase};

@@ -318,7 +318,7 @@ fn suspended_status() -> crate::crd::OutboxRelayStatus {
 
 fn backlog_of(
     rows: i64,
-) -> impl Fn(&LagQuery) -> Result<LagObservation, crate::reconcile::error::Error> + Send + 'static {
+) -> impl Fn(&LagQuery) -> Result<LagObservation, crate::reconcile::Error> + Send + 'static {
     move |query| {
         Ok(LagObservation {
             backlog: Some(rows),

@@ -6,6 +6,10 @@
 //! cannot be read does not stop the reconcile: the autoscaler knows what to do without it (its
 //! fallback), and the status says why. Two answers do stop it: the table claimed by another
 //! relay, and a database that is a read-only standby.
+//!
+//! The pods' side, their OOM kills read from the container statuses, is in [`pods`].
+
+pub mod pods;
 
 use std::time::Duration;
 
@@ -16,9 +20,9 @@ use outbox_relay::database::DatabaseTarget;
 
 use crate::reconcile::build::replicas_before_suspend;
 use crate::reconcile::database::{LagObservation, LagQuery, RelayDatabase};
-use crate::reconcile::error::Error;
-use crate::reconcile::pods::{OomKill, observe_oom_kills};
-use crate::reconcile::validate::RelayPlan;
+use crate::reconcile::driver::error::Error;
+use crate::reconcile::input::validate::RelayPlan;
+use crate::reconcile::observe::pods::{OomKill, observe_oom_kills};
 
 /// How long reports stay valid when no scaling block says so.
 const MANUAL_STALE_AFTER: Duration = Duration::from_secs(60);

@@ -8,6 +8,17 @@
 //! A failure the user can act on (missing Secret, bad spec, unreachable database) becomes
 //! Ready=False and Degraded=True with the error's reason, a Warning event, and a retry with
 //! per-relay exponential backoff. Nothing a user writes can panic the operator.
+//!
+//! Beneath it, what every step is handed or may return: the [`context`] (clients, per-relay
+//! memories, metrics, settings), the [`error`], and the [`memory`] the per-relay state is kept
+//! in; and the request-level tests of the whole pipeline.
+
+pub mod context;
+pub mod error;
+pub mod memory;
+
+#[cfg(test)]
+mod pipeline_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,19 +39,19 @@ use crate::reconcile::build::{
     selector_string,
 };
 use crate::reconcile::cleanup::{FINALIZER, clean_up, time_left};
-use crate::reconcile::context::{Context, Settings};
-use crate::reconcile::dereference::dereference_secrets;
-use crate::reconcile::error::Error;
-use crate::reconcile::events::{
+use crate::reconcile::driver::context::{Context, Settings};
+use crate::reconcile::driver::error::Error;
+use crate::reconcile::input::dereference::dereference_secrets;
+use crate::reconcile::input::validate::validate;
+use crate::reconcile::migrate::{MigrationKey, MigrationOutcome, migrate_once};
+use crate::reconcile::observe::{RelayObjects, observe};
+use crate::reconcile::scaling::rate_share::{rate_share, share_to_write};
+use crate::reconcile::scaling::recommend::recommend_replicas;
+use crate::reconcile::status::events::{
     self, announce_migration, announce_oom_kills, announce_pod_problem, announce_scaling,
     announce_suspension, announce_vacuum,
 };
-use crate::reconcile::migrate::{MigrationKey, MigrationOutcome, migrate_once};
-use crate::reconcile::observe::{RelayObjects, observe};
-use crate::reconcile::rate_share::{rate_share, share_to_write};
-use crate::reconcile::recommend::recommend_replicas;
 use crate::reconcile::status::{Observation, failed_status, healthy_status, pod_problem_message};
-use crate::reconcile::validate::validate;
 
 /// base × 2^(failures−1), capped.
 pub fn backoff_delay(failures: u32, base: Duration, max: Duration) -> Duration {

@@ -2,7 +2,7 @@
 //! its metric label (for `outbox_operator_reconcile_failures_total`) and, when the user can act
 //! on it, the condition reason and event it turns into.
 
-use crate::reconcile::validate::SpecErrors;
+use crate::reconcile::input::validate::SpecErrors;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
