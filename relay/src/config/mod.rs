@@ -2,17 +2,17 @@
 //! and the file overrides the built-in defaults ([`crate::defaults`]). Every value is validated
 //! here, once, with an error that names the option and says what to do.
 
-pub mod args;
 pub mod argv;
 pub mod file;
+pub mod flags;
 pub mod parse;
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
-pub use args::{ColumnArgs, RunArgs, TableArgs};
 pub use file::FileConfig;
+pub use flags::{ColumnArgs, RunArgs, TableArgs};
 pub use parse::{ConfigError, LogFormat, one_of, positive_duration};
 
 use crate::broker::BrokerProtocol;
@@ -353,7 +353,7 @@ fn cloudevents_settings(
 }
 
 // Resolution is free functions, not methods of the argument structs: a method counts as part of
-// its type's module, and args would then import the file, which imports args' column mapping.
+// its type's module, and flags would then import the file, which imports flags' column mapping.
 
 fn load_file(args: &TableArgs) -> Result<FileConfig, ConfigError> {
     match &args.config {
