@@ -14,7 +14,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use outbox_relay::broker::amqp10::{Amqp10Publisher, Amqp10Settings};
 use outbox_relay::broker::{Delivery, Message, Publisher, Target};
-use outbox_relay::secret_url::{SecretUrl, UrlKind};
+use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::tools::seed::ARTICLE_TYPE;
 use uuid::Uuid;
 

@@ -4,7 +4,7 @@
 //! Three folders, importing one way (runtime → reconcile → crd):
 //! - [`crd`]: the resource, its defaults and the generated CustomResourceDefinition;
 //! - [`reconcile`]: the pipeline that turns one OutboxRelay into a migrated table, a Deployment
-//!   and a status, one module per step;
+//!   and a status, one module per step (its helpers beneath it), run by its driver;
 //! - [`runtime`]: the process — the controller's watches, leader election, the health and
 //!   metrics server, logging.
 //!

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use kube::core::cel::Validator;
 use outbox_operator::crd::OutboxRelay;
 use outbox_operator::crd::crd_yaml;
-use outbox_operator::reconcile::validate::validate;
+use outbox_operator::reconcile::input::validate::validate;
 use serde_json::Value;
 
 fn repo_root() -> PathBuf {

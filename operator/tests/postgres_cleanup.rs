@@ -8,10 +8,10 @@ use outbox_operator::reconcile::database::postgres::PostgresDatabase;
 use outbox_operator::reconcile::database::{
     CleanupRequest, CleanupRun, MigrationRun, RelayDatabase,
 };
-use outbox_operator::reconcile::validate::{RelayPlan, validate};
+use outbox_operator::reconcile::input::validate::{RelayPlan, validate};
 use outbox_operator::{Error, OutboxRelaySpec};
+use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::database::DatabaseTarget;
-use outbox_relay::secret_url::{SecretUrl, UrlKind};
 
 mod common;
 

@@ -7,11 +7,12 @@
 //! checks that no module imports form a circle):
 //!
 //! - [`defaults`]: every default value and limit of the relay's options, in one place;
-//! - [`libpq_url`]: libpq's multi-host URL form, split into one URL per host;
-//! - [`secret_url`], [`secret_file`], [`certificate_dates`], [`announce`] and [`metrics`]:
-//!   leaves shared by everything above;
+//! - [`connect`]: what connecting needs before a driver is involved (URLs that hide their
+//!   password, libpq's multi-host URLs, password files, certificate dates), and [`announce`]
+//!   and [`metrics`]: leaves shared by everything above;
 //! - [`database`]: opening connections (TLS as libpq means it, password files, clear failures);
-//! - [`table`]: identifiers, the table's shape, its SQL, the migration and the lag reports;
+//! - [`table`]: identifiers, the table's shape, its SQL, the migration, the lag reports and the
+//!   on-call repairs (replay, dead letters);
 //! - [`broker`]: the publisher trait (publish a batch, await its confirms) and its AMQP 0-9-1
 //!   implementation;
 //! - [`telemetry`]: the relay's own spans (one trace per batch) and their OTLP export, off
@@ -24,12 +25,9 @@
 //! - [`cli`]: the `outbox-relay` commands.
 
 pub mod announce;
-pub mod certificate_dates;
+pub mod connect;
 pub mod defaults;
-pub mod libpq_url;
 pub mod metrics;
-pub mod secret_file;
-pub mod secret_url;
 
 pub mod database;
 

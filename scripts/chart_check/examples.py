@@ -65,7 +65,7 @@ def relay_example():
         return set(names)
 
     # The file's columns: map is the same struct as the column flags.
-    top, cols = fields("FileConfig", "file.rs"), fields("ColumnArgs", "args.rs")
+    top, cols = fields("FileConfig", "file.rs"), fields("ColumnArgs", "flags.rs")
     path = os.path.join(ROOT, "config/relay.example.yaml")
 
     def every_key_accepted():

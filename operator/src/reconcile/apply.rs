@@ -10,9 +10,9 @@ use kube::{Api, Resource, ResourceExt};
 
 use crate::crd::{OutboxRelay, OutboxRelayStatus};
 use crate::reconcile::build::{FIELD_MANAGER, replicas_before_suspend, spec_hash};
-use crate::reconcile::context::Context;
-use crate::reconcile::error::Error;
-use crate::reconcile::events::{self, reasons};
+use crate::reconcile::driver::context::Context;
+use crate::reconcile::driver::error::Error;
+use crate::reconcile::status::events::{self, reasons};
 
 /// Applies `desired` (and the disruption `budget`, whose content the Deployment's hash covers)
 /// unless `live` already carries this exact build, and returns the Deployment as the API

@@ -26,13 +26,13 @@ use kube::{Api, ResourceExt};
 
 use crate::crd::{CleanupPolicy, OutboxRelay};
 use crate::reconcile::build::report_name;
-use crate::reconcile::context::Context;
 use crate::reconcile::database::claims::{CLAIM_EXPIRES_AFTER, CLAIMS_TABLE, Release};
 use crate::reconcile::database::{CleanupRequest, CleanupRun};
-use crate::reconcile::dereference::dereference_secrets;
-use crate::reconcile::error::Error;
-use crate::reconcile::events::{self, reasons};
-use crate::reconcile::validate::{RelayPlan, validate};
+use crate::reconcile::driver::context::Context;
+use crate::reconcile::driver::error::Error;
+use crate::reconcile::input::dereference::dereference_secrets;
+use crate::reconcile::input::validate::{RelayPlan, validate};
+use crate::reconcile::status::events::{self, reasons};
 
 /// The finalizer the operator puts on every OutboxRelay.
 pub const FINALIZER: &str = "outboxrelay.io/cleanup";

@@ -7,9 +7,9 @@ use outbox_relay::database::DatabaseTarget;
 use outbox_relay::table::migrate::MigrationReport;
 
 use crate::reconcile::database::{MigrationRun, RelayDatabase};
-use crate::reconcile::error::Error;
-use crate::reconcile::memory::RelayMemory;
-use crate::reconcile::validate::RelayPlan;
+use crate::reconcile::driver::error::Error;
+use crate::reconcile::driver::memory::RelayMemory;
+use crate::reconcile::input::validate::RelayPlan;
 
 /// What the migrate step did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use kube::runtime::{Controller, controller, watcher};
 use kube::{Api, ResourceExt};
 
 use crate::crd::OutboxRelay;
-use crate::reconcile::dereference::{referenced_config_map_names, referenced_secret_names};
+use crate::reconcile::input::dereference::{referenced_config_map_names, referenced_secret_names};
 use crate::reconcile::{Context, error_policy, reconcile};
 
 /// The relays in `store` that refer to the Secret `name` in `namespace`.

@@ -12,8 +12,8 @@ use crate::reconcile::database::claims::Release;
 use crate::reconcile::database::{
     CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, RateShare, RelayDatabase,
 };
-use crate::reconcile::error::Error;
-use crate::reconcile::validate::RelayPlan;
+use crate::reconcile::driver::error::Error;
+use crate::reconcile::input::validate::RelayPlan;
 
 type MigrationAnswer = Box<dyn FnMut(&RelayPlan) -> Result<MigrationRun, Error> + Send>;
 type LagAnswer = Box<dyn FnMut(&LagQuery) -> Result<LagObservation, Error> + Send>;

@@ -25,7 +25,7 @@ use super::{
     BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Rejection,
     Target, Unconfirmed,
 };
-use crate::secret_url::SecretUrl;
+use crate::connect::secret_url::SecretUrl;
 
 /// What became of one publish before returned messages are matched up.
 enum Settled {

@@ -84,7 +84,7 @@ impl<C: Connector> NodeList<C> {
     /// One connector per URL of `urls`, made by `connector`.
     pub fn new(
         urls: &BrokerUrls,
-        connector: impl Fn(&crate::secret_url::SecretUrl) -> C,
+        connector: impl Fn(&crate::connect::secret_url::SecretUrl) -> C,
         metrics: BrokerMetrics,
     ) -> Self {
         let nodes: Vec<Node<C>> = urls

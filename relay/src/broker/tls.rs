@@ -13,9 +13,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::{ConnectError, Refusal};
-use crate::certificate_dates::{self, Refusing};
-use crate::secret_file::read_password;
-use crate::secret_url::{SecretUrl, UrlKind};
+use crate::connect::certificate_dates::{self, Refusing};
+use crate::connect::secret_file::read_password;
+use crate::connect::secret_url::{SecretUrl, UrlKind};
 
 pub(super) fn refused(kind: Refusal, message: impl Into<String>) -> ConnectError {
     ConnectError::Refused {

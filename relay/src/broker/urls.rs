@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::secret_url::{SecretUrl, UrlError, UrlKind};
+use crate::connect::secret_url::{SecretUrl, UrlError, UrlKind};
 
 /// Why a list is refused. It names the element by position and never shows its text (an
 /// element may hold a password).

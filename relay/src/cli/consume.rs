@@ -8,8 +8,8 @@ use indicatif::ProgressBar;
 use super::shared::{failure, progress_style, usage_error};
 use crate::broker::routing::ExchangeType;
 use crate::config::{ConfigError, one_of, positive_duration};
+use crate::connect::secret_url::{SecretUrl, UrlKind};
 use crate::defaults;
-use crate::secret_url::{SecretUrl, UrlKind};
 use crate::tools::consume;
 
 #[derive(clap::Args)]

@@ -1,6 +1,6 @@
 //! `outbox-relay dead-letters list|requeue|discard` (issue 47): the options, the checks that
 //! refuse bad input with exit code 2 before anything is written, and the printing. The work is
-//! in `tools::dead_letters`.
+//! in `table::repair::dead_letters`.
 
 use std::process::ExitCode;
 
@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::shared::{connect, failure, inspect_failure, parse_time, time, usage_error};
 use crate::config::{ConfigError, TableArgs};
 use crate::table::inspect::inspect;
-use crate::tools::dead_letters::{self, Action, Group, Preview, Selection};
+use crate::table::repair::dead_letters::{self, Action, Group, Preview, Selection};
 
 #[derive(clap::Args)]
 pub struct DeadLettersArgs {

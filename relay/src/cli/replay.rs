@@ -1,5 +1,5 @@
 //! `outbox-relay replay` (issue 47): the options, the checks that refuse bad input with exit
-//! code 2 before anything is written, and the printing. The work is in `tools::replay`.
+//! code 2 before anything is written, and the printing. The work is in `table::repair::replay`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -11,7 +11,7 @@ use super::shared::{connect, failure, inspect_failure, parse_time, time, usage_e
 use crate::config::{ConfigError, TableArgs};
 use crate::table::inspect::inspect;
 use crate::table::outbox::OutboxTable;
-use crate::tools::replay::{self, Preview, Progress, REPLAY_HEADER, Selection};
+use crate::table::repair::replay::{self, Preview, Progress, REPLAY_HEADER, Selection};
 
 /// How many types the dry run names; the rest are summed up in one line.
 const TYPES_SHOWN: usize = 20;

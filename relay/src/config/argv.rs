@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::args::{ColumnArgs, RunArgs, TableArgs};
+use super::flags::{ColumnArgs, RunArgs, TableArgs};
 use crate::table::outbox::{ColumnRole, Columns};
 
 /// `run` and its flags for `args`. The URLs and the pod name are never rendered: they carry

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use super::args::ColumnArgs;
+use super::flags::ColumnArgs;
 use super::parse::{ConfigError, LogFormat};
 use crate::broker::BrokerProtocol;
 use crate::broker::cloudevents::CloudEventsMode;

@@ -9,8 +9,8 @@ use sqlx::postgres::PgSslMode;
 use super::options::{Resolved, RootCert, SettingsError, mode_name};
 use super::session_attrs::{ServerRole, SessionAttrs};
 use super::target::DatabaseTarget;
-use crate::certificate_dates::{self, Refusing};
-use crate::secret_file::PasswordFileError;
+use crate::connect::certificate_dates::{self, Refusing};
+use crate::connect::secret_file::PasswordFileError;
 
 /// The cause, as a code a program can act on (the relay's `/readyz`, the operator's condition
 /// reasons).

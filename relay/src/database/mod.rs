@@ -47,7 +47,7 @@ pub use target::{DatabaseTarget, Pem, TlsMaterial};
 fn prepare(target: &DatabaseTarget) -> Result<Plan, ConnectFailure> {
     let password = match target.password_file() {
         Some(path) => Some(
-            crate::secret_file::read_password(path, "--database-password-file")
+            crate::connect::secret_file::read_password(path, "--database-password-file")
                 .map_err(ConnectFailure::password_file)?,
         ),
         None => target.given_password().map(str::to_string),

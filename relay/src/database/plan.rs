@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::options::{self, Resolved, SettingsError};
 use super::session_attrs::SessionAttrs;
 use super::target::TlsMaterial;
+use crate::connect::libpq_url::{self, HostList};
 use crate::defaults;
-use crate::libpq_url::{self, HostList};
 
 /// One server of the list.
 #[derive(Debug, Clone)]

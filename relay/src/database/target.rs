@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use sqlx::postgres::PgSslMode;
 
 use super::session_bounds::SessionBounds;
-use crate::secret_url::SecretUrl;
+use crate::connect::secret_url::SecretUrl;
 
 /// A PostgreSQL endpoint. Shows as the redacted URL; the password file's path and the names of
 /// the Secrets the material came from are not secret, their contents are never shown.
@@ -170,7 +170,7 @@ impl fmt::Debug for DatabaseTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secret_url::UrlKind;
+    use crate::connect::secret_url::UrlKind;
 
     #[test]
     fn debug_shows_origins_and_never_secrets() {

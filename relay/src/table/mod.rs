@@ -1,6 +1,6 @@
 //! Everything about the outbox table: validated identifiers, the table's shape and column
-//! mapping, the SQL of the protocol, the migration (and its undoing) and the lag reports. The only module that
-//! writes SQL.
+//! mapping, the SQL of the protocol, the migration (and its undoing), the lag reports and the
+//! on-call repairs ([`repair`]: replay, dead letters). The only module that writes SQL.
 
 pub mod cleanup;
 pub mod health;
@@ -9,6 +9,7 @@ pub mod inspect;
 pub mod limits;
 pub mod migrate;
 pub mod outbox;
+pub mod repair;
 pub mod reports;
 pub mod sql;
 

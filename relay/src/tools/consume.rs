@@ -13,7 +13,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 
 use crate::broker::routing::ExchangeType;
-use crate::secret_url::SecretUrl;
+use crate::connect::secret_url::SecretUrl;
 
 pub struct Topology<'a> {
     pub exchange: &'a str,

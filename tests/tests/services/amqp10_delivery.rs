@@ -668,7 +668,7 @@ async fn a_broker_crash_mid_run_loses_nothing_over_amqp10() {
 async fn closing_against_a_broker_that_stopped_answering_returns() {
     use outbox_relay::broker::Publisher;
     use outbox_relay::broker::amqp10::{Amqp10Publisher, Amqp10Settings, CLOSE_STEP};
-    use outbox_relay::secret_url::{SecretUrl, UrlKind};
+    use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 
     let name = unique("amqp10_close");
     let (url, switch) = proxy::start_for_url(ARTEMIS_URL).await.unwrap();

@@ -7,7 +7,7 @@ use chrono::Utc;
 use lapin::ExchangeKind;
 use outbox_relay::broker::ConnectError;
 use outbox_relay::broker::amqp::{AmqpPublisher, AmqpSettings};
-use outbox_relay::secret_url::{SecretUrl, UrlKind};
+use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::table::OutboxTable;
 use outbox_relay::table::health::TableHealth;
 use outbox_relay::table::ident::{Ident, TableName};

@@ -11,7 +11,7 @@ use outbox_relay::broker::amqp::{AmqpPublisher, AmqpSettings};
 use outbox_relay::broker::amqp10::{Amqp10Publisher, Amqp10Settings};
 use outbox_relay::broker::tls::{BrokerTls, ClientCert};
 use outbox_relay::broker::{ConnectError, Publisher, Refusal};
-use outbox_relay::secret_url::{SecretUrl, UrlKind};
+use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_tests::amqp10::{ARTEMIS_TLS_URL, artemis_ca};
 use outbox_tests::{broker, db, process, tls, unique};
 

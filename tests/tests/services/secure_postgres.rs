@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use lapin::ExchangeKind;
+use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::database::{DatabaseTarget, FailureKind, connect};
-use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use outbox_tests::tls::{self, EXPIRED_PORT, MD5_PASSWORD, PLAIN_PORT, SCRAM_PASSWORD, TlsRole};
 use outbox_tests::{broker, db, process, unique, wait};
 use sqlx::PgConnection;

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::database::{self, DatabaseTarget, SessionBounds};
-use outbox_relay::secret_url::{SecretUrl, UrlKind};
 use outbox_tests::db;
 use sqlx::{Connection, PgConnection, Row};
 

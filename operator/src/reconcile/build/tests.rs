@@ -11,8 +11,8 @@ use crate::crd::{
     BrokerProtocol, BrokerTlsSpec, CaKeyRef, CaSource, DatabaseTlsSpec, DeliveryMode,
     ImagePullPolicy, LogFormat, OutboxRelaySpec, PasswordSecretRef, PostgresTlsMode, TlsSecretRef,
 };
-use crate::reconcile::dereference::dereference_secrets;
-use crate::reconcile::validate::validate;
+use crate::reconcile::input::dereference::dereference_secrets;
+use crate::reconcile::input::validate::validate;
 use crate::test_support::{LEAK_CANARY, sample_relay, sample_spec};
 
 fn build(spec: OutboxRelaySpec, replicas: i32) -> Deployment {

@@ -10,9 +10,9 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use outbox_relay::connect::secret_url::SecretUrl;
 use outbox_relay::database::{DatabaseTarget, FailureKind};
 use outbox_relay::defaults::BACKLOG_CAP;
-use outbox_relay::secret_url::SecretUrl;
 use outbox_relay::table::cleanup::{CleanupError, remove_migration};
 use outbox_relay::table::health::{HorizonClock, measure_table_health};
 use outbox_relay::table::inspect::{InspectError, inspect};
@@ -32,8 +32,8 @@ use crate::reconcile::database::{
     CleanupRequest, CleanupRun, LagObservation, LagQuery, MigrationRun, PodProblem, RateShare,
     RelayDatabase,
 };
-use crate::reconcile::error::Error;
-use crate::reconcile::validate::RelayPlan;
+use crate::reconcile::driver::error::Error;
+use crate::reconcile::input::validate::RelayPlan;
 
 /// A connection attempt longer than this is an outage, not a slow network; the reconciler must
 /// not sit on it.
@@ -509,7 +509,7 @@ fn redact(message: &str, url: &SecretUrl) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_relay::secret_url::UrlKind;
+    use outbox_relay::connect::secret_url::UrlKind;
 
     #[test]
     fn redaction_removes_url_and_password() {

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use outbox_relay::secret_url::SecretUrl;
+use outbox_relay::connect::secret_url::SecretUrl;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The operator's sessions one database sees at most, by default.
@@ -78,7 +78,7 @@ fn database_key(redacted: &str) -> String {
 mod tests {
     use std::time::Duration;
 
-    use outbox_relay::secret_url::UrlKind;
+    use outbox_relay::connect::secret_url::UrlKind;
 
     use super::*;
 

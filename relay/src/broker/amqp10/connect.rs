@@ -22,7 +22,7 @@ use tokio_rustls::rustls::pki_types::ServerName;
 
 use crate::broker::ConnectError;
 use crate::broker::tls::{BrokerTls, classify, with_password_file};
-use crate::secret_url::SecretUrl;
+use crate::connect::secret_url::SecretUrl;
 
 /// The IANA ports of AMQP 1.0 without and with TLS.
 const AMQP_PORT: u16 = 5672;

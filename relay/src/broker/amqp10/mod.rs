@@ -39,7 +39,7 @@ use super::{
     Target, Unconfirmed,
 };
 use crate::broker::tls::BrokerTls;
-use crate::secret_url::SecretUrl;
+use crate::connect::secret_url::SecretUrl;
 
 /// The longest wait for the broker's answer to each step of a close.
 pub const CLOSE_STEP: Duration = Duration::from_secs(2);
