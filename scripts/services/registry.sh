@@ -64,7 +64,9 @@ YAML
   echo $! >"$dir/registry.pid"
   for _ in $(seq 1 100); do
     registry_up "$at" && { echo "services: an OCI registry on $at (plain HTTP), storing under $dir/data"; return 0; }
-    registry_pid "$dir" >/dev/null || break
+    # Alive, not registry_pid: just after the fork the child's cmdline is still this shell's,
+    # and a check of it there ended the wait at once, an empty log and all.
+    kill -0 "$(cat "$dir/registry.pid")" 2>/dev/null || break
     sleep 0.1
   done
   echo "registry: it did not answer on $at; its log ($dir/registry.log) ends:" >&2
