@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use crate::announce::Announcer;
 use crate::broker::{ConnectError, Refusal};
 use crate::database::{ConnectFailure, FailureKind};
+use crate::runtime::alarm::{BROKER_BLOCKED, BrokerAlarm};
 use crate::table::reports::{Problem, ProblemKind};
 
 /// Shared by the workers, the HTTP endpoints and the reporter of one process.
@@ -15,8 +16,8 @@ pub struct Health {
     database: Arc<Mutex<Option<Problem>>>,
     /// What the process last said about the database's state, so its tasks say it once.
     database_said: Announcer,
-    /// The same for the broker's alarm (`connection.blocked`), which every worker meets.
-    blocked_said: Announcer,
+    /// The broker's alarm (`connection.blocked`), which every worker meets.
+    alarm: BrokerAlarm,
     /// Why the lag report cannot be written (a missing report table, a privilege): shown on
     /// `/readyz` beside the state, without making the process unready, since it still relays.
     report: Arc<Mutex<Option<String>>>,
@@ -24,11 +25,6 @@ pub struct Health {
     /// its exchange): one line for the process, not one per worker per retry.
     broker_said: Announcer,
 }
-
-/// Why nothing is claimed while the broker blocks publishing, and what to look at.
-pub const BROKER_BLOCKED: &str = "the broker blocks publishing (connection.blocked: a memory or \
-     disk alarm; `rabbitmqctl status` lists the alarms): nothing is claimed, and no rows are held, \
-     until it lifts";
 
 impl Health {
     /// Records where a worker's broker link stands after its connect step: connected (just now
@@ -89,9 +85,9 @@ impl Health {
         &self.broker_said
     }
 
-    /// Shared by the workers, for the broker's alarm: said once for the process.
-    pub fn blocked_said(&self) -> &Announcer {
-        &self.blocked_said
+    /// Shared by the workers, for the broker's alarm: one state for the process.
+    pub fn alarm(&self) -> &BrokerAlarm {
+        &self.alarm
     }
 
     /// Shared by the tasks that connect to the database: a state they all meet is said once.

@@ -1,6 +1,7 @@
 //! A running relay process: the workers (each one database connection and one publisher), the
 //! reporter, the LISTEN task and the HTTP endpoints, started and stopped in order by [`run`].
 
+pub mod alarm;
 pub mod backoff;
 pub mod health;
 pub mod http;

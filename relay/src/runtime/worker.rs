@@ -20,8 +20,9 @@ use crate::metrics::Metrics;
 use crate::protocol::batch::{BatchError, BatchSettings, ClaimFrom, run_batch_up_to};
 use crate::protocol::claim::ClaimStart;
 use crate::protocol::shared_cursor::SharedCursor;
+use crate::runtime::alarm::{AlarmTurn, BROKER_BLOCKED};
 use crate::runtime::backoff::Backoff;
-use crate::runtime::health::{BROKER_BLOCKED, Health};
+use crate::runtime::health::Health;
 use crate::runtime::lanes::Lanes;
 use crate::runtime::nacks::NackPause;
 use crate::runtime::rate::RateGate;
@@ -81,7 +82,7 @@ impl<C> WorkerContext<C> {
 /// How often a worker looks again whether the broker still blocks publishing.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(1);
 
-/// Tracks one connection's contribution to a "connected" (or "blocked") gauge.
+/// Tracks one connection's contribution to a "connected" gauge.
 struct ConnectedFlag {
     gauge: prometheus::IntGauge,
     up: bool,
@@ -173,7 +174,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         Link::new("PostgreSQL", ctx.metrics.database_connected.clone());
     let mut broker: Link<C::Publisher> =
         Link::new("the broker", ctx.metrics.broker_connected.clone());
-    let mut blocked = ConnectedFlag::new(ctx.metrics.broker_blocked.clone());
+    let mut alarm = ctx.health.alarm().seat(ctx.metrics.broker_blocked.clone());
     let mut wake = ctx.wake.clone();
     let mut lanes = ctx.lanes_of.as_deref().map(Lanes::new);
     // The pause after the broker's nacks: its state, never the messages' fault.
@@ -226,7 +227,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         let connected = broker.ensure(ctx.broker.connect()).await;
         ctx.health.broker_connect(connected.as_ref().map(|_| ()));
         if let Err(e) = connected {
-            blocked.set(false);
+            alarm.leave();
             let delay = broker.next_delay();
             ctx.metrics
                 .broker
@@ -244,21 +245,23 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
         // alarm is the broker's, so one worker's blocked connection stops them all: the others'
         // connections look unblocked until they publish (RabbitMQ says connection.blocked only
         // then), and each would hold a claim through a publish timeout.
-        let is_blocked = broker.connection.as_ref().is_some_and(|p| p.is_blocked());
-        blocked.set(is_blocked);
-        if is_blocked || ctx.metrics.broker_blocked.get() > 0 {
-            ctx.health.broker_blocked();
-            if ctx.health.blocked_said().should_say(BROKER_BLOCKED) {
-                warn!("{BROKER_BLOCKED}");
+        let connection_blocked = broker.connection.as_ref().is_some_and(|p| p.is_blocked());
+        match alarm.turn(connection_blocked) {
+            AlarmTurn::Blocked { say } => {
+                ctx.health.broker_blocked();
+                if say {
+                    warn!("{BROKER_BLOCKED}");
+                }
+                pause(&ctx.shutdown, ctx.poll_interval.max(BLOCKED_RECHECK)).await;
+                continue;
             }
-            pause(&ctx.shutdown, ctx.poll_interval.max(BLOCKED_RECHECK)).await;
-            continue;
-        }
-        if let Some(lasted) = ctx.health.blocked_said().over() {
-            info!(
-                after_s = lasted.as_secs(),
-                "the broker takes publishes again"
-            );
+            AlarmTurn::Clear { over: Some(lasted) } => {
+                info!(
+                    after_s = lasted.as_secs(),
+                    "the broker takes publishes again"
+                );
+            }
+            AlarmTurn::Clear { over: None } => {}
         }
 
         let seen_wake = *wake.borrow_and_update();
