@@ -1,13 +1,17 @@
 //! `broker.protocol: amqp10` on the real control plane: the chart's operator turns the
 //! OutboxRelay into relay pods (run by the real node) that send over AMQP 1.0 to ActiveMQ
 //! Artemis, and every row reaches an AMQP 1.0 consumer once. A second relay whose address
-//! Artemis refuses turns `Ready=False` with the pods' reason, `AddressNotFound`, naming it.
+//! Artemis refuses turns `Ready=False` with the pods' reason, `AddressNotFound`, naming it, and
+//! is Stalled: a person must create the address. A third, whose broker does not answer, turns
+//! `Ready=False` with `BrokerUnreachable` and is Reconciling, not Stalled: an outage the pods
+//! retry on their own.
 
 use std::time::Duration;
 
 use outbox_operator::crd::{BrokerProtocol, OutboxRelaySpec};
 use outbox_tests::amqp10::{self, ARTEMIS_REFUSED_PREFIX, ARTEMIS_URL};
-use outbox_tests::cluster::{TestCluster, create_url_secret, relay_spec};
+use outbox_tests::cluster::{TestCluster, create_url_secret, create_url_secret_as_is, relay_spec};
+use outbox_tests::services::SERVICES_ADDRESS;
 use outbox_tests::{db, unique, wait};
 
 const ROWS: u64 = 3_000;
@@ -25,7 +29,7 @@ fn amqp10_spec(table: &str, address: &str) -> OutboxRelaySpec {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_amqp10_relay_delivers_through_the_operator_and_names_a_refused_address() {
+async fn an_amqp10_relay_delivers_through_the_operator_and_names_a_refused_address_and_an_outage() {
     let name = unique("e2e_amqp10");
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 0).await;
@@ -107,6 +111,55 @@ async fn an_amqp10_relay_delivers_through_the_operator_and_names_a_refused_addre
         .await;
     assert!(message.contains(&address), "{message}");
     assert_eq!(db::pending(&mut refused_conn, &refused).await, 5);
+    assert_eq!(
+        condition(&cluster, "refused", "Stalled").await,
+        Some(("True".into(), "AddressNotFound".into()))
+    );
+
+    // A broker that does not answer: a port on the pods' side that nothing listens on.
+    let away_table = unique("e2e_amqp10_away");
+    let away = db::table(&away_table);
+    let mut away_conn = db::seeded_table(&away, 5).await;
+    let closed_port = std::net::TcpListener::bind((SERVICES_ADDRESS, 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free port on the services address")
+        .port();
+    create_url_secret_as_is(
+        &cluster.client,
+        &cluster.namespace,
+        "away",
+        &format!("amqp://{SERVICES_ADDRESS}:{closed_port}"),
+    )
+    .await;
+    let mut spec = amqp10_spec(&away_table, &away_table);
+    spec.broker.url_secret_ref.name = "away".into();
+    cluster.create_relay("away", spec).await;
+    let (_, _, message) = cluster
+        .wait_for_ready("away", "False", "BrokerUnreachable")
+        .await;
+    assert!(message.contains("cannot reach the broker"), "{message}");
+    assert_eq!(
+        condition(&cluster, "away", "Reconciling").await,
+        Some(("True".into(), "BrokerUnreachable".into()))
+    );
+    assert_eq!(
+        condition(&cluster, "away", "Stalled")
+            .await
+            .map(|(status, _)| status),
+        Some("False".into())
+    );
+    assert_eq!(db::pending(&mut away_conn, &away).await, 5);
 
     cluster.shutdown().await;
+}
+
+/// The relay's condition `type_` as (status, reason), if it has one.
+async fn condition(cluster: &TestCluster, relay: &str, type_: &str) -> Option<(String, String)> {
+    let relay = cluster.relays().get(relay).await.ok()?;
+    let found = relay
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)?;
+    Some((found.status, found.reason))
 }

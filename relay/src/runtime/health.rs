@@ -115,7 +115,8 @@ fn database_problem_of(error: &ConnectFailure) -> Option<Problem> {
         FailureKind::Auth => ProblemKind::DatabaseAuth,
         FailureKind::Settings => ProblemKind::DatabaseSettings,
         FailureKind::ReadOnly => ProblemKind::DatabaseReadOnly,
-        FailureKind::Unreachable | FailureKind::Other => return None,
+        FailureKind::Unreachable => ProblemKind::DatabaseUnreachable,
+        FailureKind::Other => return None,
     };
     Some(Problem {
         kind,
@@ -123,8 +124,9 @@ fn database_problem_of(error: &ConnectFailure) -> Option<Problem> {
     })
 }
 
-/// The reportable problem behind a failed connect: only a cause that someone must act on,
-/// not an outage that retrying outlasts.
+/// The reportable problem behind a failed connect: a cause someone must act on, or an outage
+/// that retrying usually outlasts ([`ProblemKind::is_outage`]), so `/readyz` and the status
+/// name it either way.
 fn problem_of(error: &ConnectError) -> Option<Problem> {
     match error {
         ConnectError::ExchangeNotFound { .. } => Some(Problem {
@@ -143,7 +145,10 @@ fn problem_of(error: &ConnectError) -> Option<Problem> {
             },
             message: error.to_string(),
         }),
-        ConnectError::Unavailable(_) => None,
+        ConnectError::Unavailable(_) => Some(Problem {
+            kind: ProblemKind::BrokerUnreachable,
+            message: format!("cannot reach the broker: {error}"),
+        }),
     }
 }
 
@@ -170,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn an_outage_replaces_an_earlier_reason() {
+    fn an_outage_replaces_an_earlier_reason_and_is_named_as_one() {
         let health = Health::default();
         health.broker_connect(Err(&ConnectError::ExchangeNotFound {
             exchange: "orders".into(),
@@ -178,6 +183,11 @@ mod tests {
         }));
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         health.broker_connect(Err(&ConnectError::Unavailable(Arc::new(refused))));
+        let problem = health.problem().expect("an outage is named");
+        assert_eq!(problem.kind, ProblemKind::BrokerUnreachable);
+        assert!(problem.kind.is_outage());
+        assert!(problem.message.starts_with("cannot reach the broker: "));
+        health.broker_connect(Ok(()));
         assert_eq!(health.problem(), None);
     }
 }

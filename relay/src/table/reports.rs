@@ -71,6 +71,12 @@ pub enum ProblemKind {
     BrokerSettings,
     /// The broker blocks publishing (a memory or disk alarm): nothing is claimed until it lifts.
     BrokerBlocked,
+    /// The broker does not answer, or refuses connections (down, restarting, a cut network,
+    /// a host name that does not resolve).
+    BrokerUnreachable,
+    /// The database does not answer, or refuses connections; shown on the pod's `/readyz`
+    /// (a pod that cannot reach the database cannot write its report either).
+    DatabaseUnreachable,
     /// A code this version does not know, written by a newer relay; kept as written.
     Other(String),
 }
@@ -89,6 +95,8 @@ impl ProblemKind {
             ProblemKind::BrokerAuth => "BrokerAuth",
             ProblemKind::BrokerSettings => "BrokerSettings",
             ProblemKind::BrokerBlocked => "BrokerBlocked",
+            ProblemKind::BrokerUnreachable => "BrokerUnreachable",
+            ProblemKind::DatabaseUnreachable => "DatabaseUnreachable",
             ProblemKind::Other(code) => code,
         }
     }
@@ -105,8 +113,24 @@ impl ProblemKind {
             "BrokerAuth" => ProblemKind::BrokerAuth,
             "BrokerSettings" => ProblemKind::BrokerSettings,
             "BrokerBlocked" => ProblemKind::BrokerBlocked,
+            "BrokerUnreachable" => ProblemKind::BrokerUnreachable,
+            "DatabaseUnreachable" => ProblemKind::DatabaseUnreachable,
             other => ProblemKind::Other(other.to_string()),
         }
+    }
+
+    /// True for a server's state that usually passes without anyone's help (a restart, a
+    /// failover, an alarm that clears, a network that heals): the relay retries, and the
+    /// operator says Reconciling before Stalled. The rest (a password, a certificate, a missing
+    /// exchange) need a person at once.
+    pub fn is_outage(&self) -> bool {
+        matches!(
+            self,
+            ProblemKind::BrokerUnreachable
+                | ProblemKind::DatabaseUnreachable
+                | ProblemKind::DatabaseReadOnly
+                | ProblemKind::BrokerBlocked
+        )
     }
 }
 

@@ -17,6 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use outbox_relay::table::migrate::IndexAction;
+use outbox_relay::table::reports::ProblemKind;
 
 use crate::crd::{OutboxRelayStatus, RateLimitStatus};
 use crate::reconcile::database::{PodProblem, RateShare};
@@ -111,14 +112,20 @@ pub fn healthy_status(
             table_degraded(&status, &observed.table),
             Progress::Done,
         ),
-        // The pods run but cannot relay: that outranks how far the rollout got, and it takes
-        // a person (an exchange to declare, a password to fix).
+        // The pods run but cannot relay: that outranks how far the rollout got. A cause that
+        // takes a person (an exchange to declare, a password to fix) stalls at once; an outage
+        // (the broker down, a failover) is retried by the pods, and stalls only once it lasts.
         Some(problem) => {
             let message = pod_problem_message(problem);
+            let progress = if ProblemKind::from_code(&problem.reason).is_outage() {
+                Progress::retrying(&problem.reason, &message, not_ready_since(&status), now)
+            } else {
+                Progress::stuck(&problem.reason, message.clone())
+            };
             (
                 NewCondition::new(READY, false, &problem.reason, message.clone()),
-                NewCondition::new(DEGRADED, true, &problem.reason, message.clone()),
-                Progress::stuck(&problem.reason, message),
+                NewCondition::new(DEGRADED, true, &problem.reason, message),
+                progress,
             )
         }
         // Killed by the kernel, a relay cannot report why: the pods' statuses say it. Ready
@@ -249,11 +256,8 @@ pub fn failed_status(
         generation,
         now,
     );
-    let not_ready_since = conditions::find(&status.conditions, READY)
-        .filter(|ready| ready.status == "False")
-        .map(|ready| ready.last_transition_time.0);
     let progress = if error.is_transient() {
-        Progress::retrying(reason, &message, not_ready_since, now)
+        Progress::retrying(reason, &message, not_ready_since(&status), now)
     } else {
         Progress::stuck(reason, message.clone())
     };
@@ -269,6 +273,13 @@ pub fn failed_status(
         );
     }
     status
+}
+
+/// Since when Ready has been False, if it is: how long a retried failure has lasted.
+fn not_ready_since(status: &OutboxRelayStatus) -> Option<Timestamp> {
+    conditions::find(&status.conditions, READY)
+        .filter(|ready| ready.status == "False")
+        .map(|ready| ready.last_transition_time.0)
 }
 
 /// Copies what was observed of the lag into the status; a round that could not observe it
@@ -710,6 +721,39 @@ mod tests {
         let status = healthy_status(None, &observed, at(10));
         assert_eq!(condition(&status, STALLED), ("True", "ExchangeNotFound"));
         assert_eq!(condition(&status, RECONCILING).0, "False");
+    }
+
+    #[test]
+    fn pods_that_cannot_reach_the_broker_are_retrying_until_it_lasts() {
+        let migrated = report(IndexAction::AlreadyValid);
+        let d = deployment(1, 1);
+        let mut scaling = manual().clone();
+        scaling.lag = Some(crate::reconcile::database::LagObservation {
+            problem: Some(PodProblem {
+                reason: "BrokerUnreachable".into(),
+                message: "cannot reach the broker: connection refused".into(),
+                pods: vec!["t-a".into()],
+            }),
+            ..Default::default()
+        });
+        let observed = Observation {
+            scaling: &scaling,
+            ..observe(&migrated, &d, 1)
+        };
+        let first = healthy_status(None, &observed, at(100));
+        assert_eq!(condition(&first, READY), ("False", "BrokerUnreachable"));
+        assert_eq!(condition(&first, DEGRADED), ("True", "BrokerUnreachable"));
+        assert_eq!(
+            condition(&first, RECONCILING),
+            ("True", "BrokerUnreachable")
+        );
+        assert_eq!(condition(&first, STALLED).0, "False");
+        let later = healthy_status(Some(&first), &observed, at(160));
+        assert_eq!(condition(&later, STALLED).0, "False");
+        // Unreachable for longer than STALL_AFTER: a person should look.
+        let stalled = healthy_status(Some(&later), &observed, at(500));
+        assert_eq!(condition(&stalled, STALLED), ("True", "BrokerUnreachable"));
+        assert_eq!(condition(&stalled, RECONCILING).0, "False");
     }
 
     #[test]
