@@ -28,6 +28,7 @@ mod metrics_port;
 mod migration;
 mod mixed_versions;
 mod multi_host;
+mod operator_database_cut;
 mod otel_spans;
 mod partition;
 mod per_key_ordering;

@@ -39,10 +39,34 @@ use crate::reconcile::input::validate::RelayPlan;
 /// not sit on it.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest a short step (observing the lag, writing a rate share, cleaning up) may take,
+/// its connect included. Each is a few statements that take milliseconds; past this the server
+/// or the path to it is gone. A connection whose path was cut silently never fails by itself:
+/// sqlx sets no TCP keepalive on its sockets (launchbadge/sqlx #3540), so without this bound the
+/// reconcile would wait on its reply forever, holding one of the database's sessions
+/// ([`SessionLimit`]) and, with it, every other relay's steps on that database.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The same for the migration, whose `CREATE INDEX CONCURRENTLY` reads the whole table: an
+/// hour is far above what the big-table measurement took (docs/scale.md), and still a bound.
+/// Past it the build is abandoned (PostgreSQL leaves an invalid index, which the next attempt
+/// rebuilds), so the bound must stay well above any real build.
+pub const MIGRATION_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
 /// The production [`RelayDatabase`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PostgresDatabase {
     sessions: SessionLimit,
+    step_timeout: Duration,
+}
+
+impl Default for PostgresDatabase {
+    fn default() -> Self {
+        Self {
+            sessions: SessionLimit::default(),
+            step_timeout: STEP_TIMEOUT,
+        }
+    }
 }
 
 impl PostgresDatabase {
@@ -50,8 +74,35 @@ impl PostgresDatabase {
     pub fn new(sessions_per_database: usize) -> Self {
         Self {
             sessions: SessionLimit::new(sessions_per_database),
+            step_timeout: STEP_TIMEOUT,
         }
     }
+
+    /// Another bound for the short steps than [`STEP_TIMEOUT`] (tests wait less).
+    pub fn with_step_timeout(self, step_timeout: Duration) -> Self {
+        Self {
+            step_timeout,
+            ..self
+        }
+    }
+}
+
+/// Runs `step` for at most `limit`; past it, the database counts as unreachable. Dropping the
+/// step drops its connection and its session permit.
+async fn bounded<T>(
+    limit: Duration,
+    what: &str,
+    target: &DatabaseTarget,
+    step: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
+        Err(Error::DatabaseUnreachable(format!(
+            "{what}: {} did not answer within {} s (a cut network, or a server that stopped \
+             answering); retrying",
+            target.url().redacted(),
+            limit.as_secs()
+        )))
+    })
 }
 
 impl RelayDatabase for PostgresDatabase {
@@ -61,7 +112,14 @@ impl RelayDatabase for PostgresDatabase {
         plan: &'a RelayPlan,
         relay_name: &'a str,
     ) -> BoxFuture<'a, Result<MigrationRun, Error>> {
-        migrate_table(&self.sessions, database, plan, relay_name).boxed()
+        migrate_table(
+            &self.sessions,
+            self.step_timeout,
+            database,
+            plan,
+            relay_name,
+        )
+        .boxed()
     }
 
     fn observe_lag<'a>(
@@ -70,7 +128,13 @@ impl RelayDatabase for PostgresDatabase {
         plan: &'a RelayPlan,
         query: LagQuery,
     ) -> BoxFuture<'a, Result<LagObservation, Error>> {
-        observe_lag(&self.sessions, database, plan, query).boxed()
+        bounded(
+            self.step_timeout,
+            "observing the lag",
+            database,
+            observe_lag(&self.sessions, database, plan, query),
+        )
+        .boxed()
     }
 
     fn write_rate_share<'a>(
@@ -80,7 +144,13 @@ impl RelayDatabase for PostgresDatabase {
         relay_name: &'a str,
         share: Option<RateShare>,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        write_rate_share(&self.sessions, database, plan, relay_name, share).boxed()
+        bounded(
+            self.step_timeout,
+            "writing the rate-limit share",
+            database,
+            write_rate_share(&self.sessions, database, plan, relay_name, share),
+        )
+        .boxed()
     }
 
     fn clean_up<'a>(
@@ -89,7 +159,13 @@ impl RelayDatabase for PostgresDatabase {
         plan: &'a RelayPlan,
         request: CleanupRequest,
     ) -> BoxFuture<'a, Result<CleanupRun, Error>> {
-        clean_up(&self.sessions, database, plan, request).boxed()
+        bounded(
+            self.step_timeout,
+            "cleaning up",
+            database,
+            clean_up(&self.sessions, database, plan, request),
+        )
+        .boxed()
     }
 }
 
@@ -180,25 +256,46 @@ fn claims_table_name(plan: &RelayPlan) -> String {
 
 async fn migrate_table(
     sessions: &SessionLimit,
+    step_timeout: Duration,
     target: &DatabaseTarget,
     plan: &RelayPlan,
     relay_name: &str,
 ) -> Result<MigrationRun, Error> {
     let database_url = target.url();
-    let mut conn = connect(sessions, target).await?;
-    if let Err(error) = hold_claim(
-        &mut conn,
-        plan,
-        relay_name,
-        database_url,
-        Error::MigrationFailed,
+    let claimed = bounded(step_timeout, "claiming the table", target, async {
+        let mut conn = connect(sessions, target).await?;
+        match hold_claim(
+            &mut conn,
+            plan,
+            relay_name,
+            database_url,
+            Error::MigrationFailed,
+        )
+        .await
+        {
+            Ok(()) => Ok(conn),
+            Err(error) => {
+                let _ = conn.close().await;
+                Err(error)
+            }
+        }
+    });
+    let mut conn = claimed.await?;
+    let result = match tokio::time::timeout(
+        MIGRATION_TIMEOUT,
+        migrate(&mut conn, &plan.table, &plan.migration),
     )
     .await
     {
-        let _ = conn.close().await;
-        return Err(error);
-    }
-    let result = migrate(&mut conn, &plan.table, &plan.migration).await;
+        Ok(result) => result,
+        Err(_) => {
+            return Err(Error::DatabaseUnreachable(format!(
+                "migrating: {} did not finish the migration within {} minutes; retrying",
+                database_url.redacted(),
+                MIGRATION_TIMEOUT.as_secs() / 60
+            )));
+        }
+    };
     // Closing politely is a courtesy; the migration's outcome is what matters.
     let _ = conn.close().await;
     match result {
