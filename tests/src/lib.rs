@@ -35,6 +35,7 @@ pub mod soak;
 pub mod standby;
 pub mod timeline;
 pub mod tls;
+pub mod unix_proxy;
 pub mod wait;
 
 /// The repository's root folder (this crate sits in `tests/`).

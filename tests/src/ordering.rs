@@ -45,6 +45,20 @@ pub struct OrderReport {
     pub repeats: usize,
 }
 
+impl OrderReport {
+    /// Panics unless every key came in order and `rows` distinct messages arrived, naming a
+    /// few of the keys out of order.
+    pub fn assert_in_order(&self, rows: u64) {
+        assert_eq!(self.first_deliveries as u64, rows);
+        assert!(
+            self.keys_out_of_order.is_empty(),
+            "{} keys out of order, e.g. {:?}",
+            self.keys_out_of_order.len(),
+            &self.keys_out_of_order[..self.keys_out_of_order.len().min(5)]
+        );
+    }
+}
+
 /// Walks `arrivals` (every id in arrival order) against `expected`: for each key, the n-th
 /// first delivery must be its n-th row.
 pub fn check(arrivals: &[Uuid], expected: &HashMap<Uuid, (String, i64)>) -> OrderReport {

@@ -139,6 +139,12 @@ pub enum BrokerFailure {
     /// as after an outage, rather than resend at once into the same refusal.
     #[error("the broker released {0} message(s) without taking them")]
     Released(usize),
+    /// Another worker's publish got no confirm just before this one's turn: the path to the
+    /// broker is likely gone for every connection (a cut), so this connection is tried again
+    /// by reconnecting, with no rows held, rather than by waiting out a publish timeout of its
+    /// own with the rows locked.
+    #[error("another worker's publish got no confirm just now; reconnecting before publishing")]
+    PeerTimedOut,
 }
 
 /// What a user must fix when a broker connection is refused, as a condition reason.
@@ -223,6 +229,14 @@ impl BatchOutcome {
             deliveries: vec![Delivery::Unknown(Unconfirmed::BrokerUnavailable); count],
             broken: None,
             publish_time: Duration::ZERO,
+        }
+    }
+
+    /// [`BatchOutcome::not_sent`], with the connection to be replaced for `why`.
+    pub fn not_sent_replacing(count: usize, why: BrokerFailure) -> Self {
+        Self {
+            broken: Some(why),
+            ..Self::not_sent(count)
         }
     }
 }

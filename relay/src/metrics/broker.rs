@@ -24,27 +24,45 @@ pub struct BrokerMetrics {
     /// slot is released, so the next holder gives its claim back instead of publishing into the
     /// alarm before that worker's loop has counted its blocked connection.
     blocked_publish_at: Arc<Mutex<Option<Instant>>>,
+    /// When a publish last got no confirm within its deadline: noted before its publish slot
+    /// is released, so the workers queued for the slot behind it (their rows already claimed)
+    /// reconnect instead of each waiting out a deadline of its own into the same silence.
+    timed_out_publish_at: Arc<Mutex<Option<Instant>>>,
 }
 
-/// How long a blocked publish stops the next slot holders: longer than a batch's commit and
-/// the worker's return to its loop, where the blocked connection is counted.
-const BLOCKED_PUBLISH_NOTICE: Duration = Duration::from_secs(5);
+/// How long a blocked or timed-out publish stops the next slot holders: longer than a batch's
+/// commit and the worker's return to its loop, where the blocked connection is counted.
+const PUBLISH_NOTICE: Duration = Duration::from_secs(5);
+
+fn note(at: &Mutex<Option<Instant>>) {
+    *at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+}
+
+fn recently(at: &Mutex<Option<Instant>>) -> bool {
+    at.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_some_and(|at| at.elapsed() < PUBLISH_NOTICE)
+}
 
 impl BrokerMetrics {
     /// A publish just ended on a blocked connection.
     pub fn note_blocked_publish(&self) {
-        *self
-            .blocked_publish_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        note(&self.blocked_publish_at);
     }
 
     /// Whether a publish ended on a blocked connection within the last few seconds.
     pub fn blocked_publish_recently(&self) -> bool {
-        self.blocked_publish_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|at| at.elapsed() < BLOCKED_PUBLISH_NOTICE)
+        recently(&self.blocked_publish_at)
+    }
+
+    /// A publish just got no confirm within its deadline.
+    pub fn note_timed_out_publish(&self) {
+        note(&self.timed_out_publish_at);
+    }
+
+    /// Whether a publish got no confirm within its deadline in the last few seconds.
+    pub fn timed_out_publish_recently(&self) -> bool {
+        recently(&self.timed_out_publish_at)
     }
 
     pub fn new(r: &Registry) -> Self {
@@ -78,6 +96,7 @@ impl BrokerMetrics {
                 ),
             ),
             blocked_publish_at: Arc::default(),
+            timed_out_publish_at: Arc::default(),
             nack_pauses: registered(
                 r,
                 IntCounter::new(

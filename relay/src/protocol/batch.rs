@@ -483,12 +483,20 @@ async fn publish_in_slot<P: Publisher>(
     {
         return BatchOutcome::not_sent(messages.len());
     }
+    // The same for a publish that just got no confirm: this connection most likely shares its
+    // silent path (a cut), and waiting out its own deadline would hold the rows that long
+    // again, once per worker queued for the slot. Reconnecting tells at once, without rows.
+    if metrics.broker.timed_out_publish_recently() {
+        return BatchOutcome::not_sent_replacing(messages.len(), BrokerFailure::PeerTimedOut);
+    }
     let started = Instant::now();
     let outcome = publisher.publish_batch(Target::Main, messages).await;
     if publisher.is_blocked() {
         // Before the slot goes to the next worker, whose own connection looks unblocked
         // until it publishes.
         metrics.broker.note_blocked_publish();
+    } else if matches!(outcome.broken, Some(BrokerFailure::ConfirmTimeout(_))) {
+        metrics.broker.note_timed_out_publish();
     }
     drop(slot);
     metrics
@@ -651,6 +659,58 @@ mod tests {
             commit_timeout: crate::defaults::COMMIT_TIMEOUT,
             spans: None,
         }
+    }
+
+    /// A broker that went silent: every publish waits out its deadline.
+    struct SilentBroker {
+        publishes: usize,
+    }
+
+    impl Publisher for SilentBroker {
+        async fn publish_batch(&mut self, _: Target, messages: &[Message<'_>]) -> BatchOutcome {
+            self.publishes += 1;
+            let timeout = Duration::from_secs(5);
+            BatchOutcome {
+                deliveries: vec![Delivery::Unknown(Unconfirmed::Timeout); messages.len()],
+                broken: Some(BrokerFailure::ConfirmTimeout(timeout)),
+                publish_time: Duration::ZERO,
+            }
+        }
+
+        fn is_connected(&self) -> bool {
+            true
+        }
+    }
+
+    /// Issue 53, the broker cut: the workers queued for the publish slot behind a publish that
+    /// got no confirm give their rows back and reconnect, instead of each waiting out a
+    /// deadline of its own with the rows locked.
+    #[tokio::test]
+    async fn the_slot_after_a_timed_out_publish_reconnects_without_publishing() {
+        let metrics = Metrics::new();
+        let settings = BatchSettings {
+            publish_slots: Some(Arc::new(Semaphore::new(1))),
+            ..settings()
+        };
+        let rows = [row()];
+        let messages: Vec<Message<'_>> = rows
+            .iter()
+            .map(|r| to_message(r, &settings.routing_key).unwrap())
+            .collect();
+        let mut first = SilentBroker { publishes: 0 };
+        let outcome = publish_in_slot(&mut first, &messages, &settings, &metrics).await;
+        assert!(matches!(
+            outcome.broken,
+            Some(BrokerFailure::ConfirmTimeout(_))
+        ));
+        let mut next = SilentBroker { publishes: 0 };
+        let outcome = publish_in_slot(&mut next, &messages, &settings, &metrics).await;
+        assert_eq!(next.publishes, 0, "published into the silence");
+        assert!(matches!(outcome.broken, Some(BrokerFailure::PeerTimedOut)));
+        assert_eq!(
+            outcome.deliveries,
+            vec![Delivery::Unknown(Unconfirmed::BrokerUnavailable)]
+        );
     }
 
     /// Issue 44: a nack is the broker's state. Even at the last attempt it neither retries

@@ -224,6 +224,9 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
             warn!("the broker connection was lost between batches; reconnecting");
             old.close().await;
         }
+        if broker.connection.is_none() && give_lanes_back(&mut db, lanes.as_mut(), &ctx.metrics) {
+            continue;
+        }
         let connected = broker.ensure(ctx.broker.connect()).await;
         ctx.health.broker_connect(connected.as_ref().map(|_| ()));
         if let Err(e) = connected {
@@ -342,6 +345,7 @@ async fn run_worker_loop<C: Connector>(ctx: WorkerContext<C>) {
                 let nack_pause = nacks.after(&report, &ctx.metrics.broker);
                 if let Some(reason) = &report.broker_broken {
                     warn!(%reason, untouched = report.untouched, "broker connection failed mid-batch; reconnecting");
+                    give_lanes_back(&mut db, lanes.as_mut(), &ctx.metrics);
                     if let Some(old) = broker.take() {
                         old.close().await;
                     }
@@ -402,6 +406,28 @@ fn drop_database(db: &mut Link<PgConnection>, lanes: Option<&mut Lanes>, metrics
         metrics.blocked_keys.release_lanes(&lanes.forget());
     }
     drop(db.take());
+}
+
+/// Lanes are advisory locks on the database session, which a broker outage leaves alive: kept
+/// while this worker has no broker connection (closing the old one, backing off, a reconnect
+/// that waits out a node's connect timeout again and again), they would hold every key of
+/// theirs back from the workers that can still publish, another pod's. So they are given back,
+/// with the session; the next balance after a connect takes this worker's share again. True
+/// when there were lanes to give back.
+fn give_lanes_back(
+    db: &mut Link<PgConnection>,
+    lanes: Option<&mut Lanes>,
+    metrics: &Metrics,
+) -> bool {
+    let Some(lanes) = lanes.filter(|lanes| !lanes.held().is_empty()) else {
+        return false;
+    };
+    info!(
+        lanes = lanes.held().len(),
+        "no broker connection: this worker's lanes go to the workers that have one"
+    );
+    drop_database(db, Some(lanes), metrics);
+    true
 }
 
 /// A failed connect, said once for the process (not per worker), then once a minute with the

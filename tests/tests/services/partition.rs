@@ -9,7 +9,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lapin::ExchangeKind;
+use outbox_tests::ordering::{check, expected_order};
 use outbox_tests::partition::{Partition, Reach};
+use outbox_tests::unix_proxy::UnixProxy;
 use outbox_tests::{broker, db, process, unique, wait};
 use sqlx::PgConnection;
 use tokio::io::AsyncWriteExt as _;
@@ -366,6 +368,215 @@ async fn a_relay_cut_off_mid_batch_gives_its_claims_back_to_its_peer() {
         stopping.elapsed().as_secs_f64()
     );
     consumer.close().await;
+}
+
+/// The publish deadline of the broker-cut scenarios: a batch awaiting confirms when the cut
+/// comes is given back at most this long after it was sent.
+const CUT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long after the broker cut relay A may still hold a claim: the publish deadline of a batch
+/// sent just before it, and the rollback's round trip.
+const CLAIMS_BACK_AFTER_BROKER_CUT: Duration = Duration::from_secs(8);
+
+/// By when relay A says it cannot reach the broker: the publish deadline, the bounded close of
+/// the dead connection (5 s), a backoff and a node's connect timeout (15 s), with room to spare.
+const SAID_AFTER_BROKER_CUT: Duration = Duration::from_secs(45);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_cut_off_from_the_broker_mid_batch_gives_its_claims_back() {
+    let name = unique("broker_cut");
+    let table = db::table(&name);
+    let conn = db::seeded_table(&table, ROWS).await;
+    let args = process::run_args(&name, &name, &["--batch-size", "500", "--workers", "2"]);
+    broker_cut(&name, &table, conn, args, None).await;
+}
+
+/// With `--ordering per-key`, a relay that cannot reach the broker must not keep its keys: its
+/// lanes (advisory locks on its database session, which the cut leaves alive) go to the peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_cut_off_from_the_broker_gives_its_keys_to_its_peer_in_order() {
+    let name = unique("broker_cut_keys");
+    let (table, conn) = crate::per_key_ordering::keyed_table(&name, ROWS, 1_000).await;
+    let args = crate::per_key_ordering::ordered_args(&name, &[]);
+    broker_cut(
+        &name,
+        &table,
+        conn,
+        args,
+        Some(crate::per_key_ordering::KEY),
+    )
+    .await;
+}
+
+/// Relay A reaches PostgreSQL through a Unix socket (a path the cut does not touch) and the
+/// broker through the partition; relay B reaches both directly. The broker alone is cut while A
+/// holds a claim: A gives its claims back within the publish deadline and claims nothing while
+/// cut, B relays every row (with `key_column`, every key in order), and after the heal A relays
+/// new rows by itself.
+async fn broker_cut(
+    name: &str,
+    table: &outbox_relay::table::OutboxTable,
+    mut conn: PgConnection,
+    mut args: Vec<&str>,
+    key_column: Option<&str>,
+) {
+    let partition = Partition::create();
+    let postgres = UnixProxy::start(
+        &format!(".s.PGSQL.{POSTGRES_PORT}"),
+        (Ipv4Addr::LOCALHOST, POSTGRES_PORT).into(),
+    );
+    let a_name = format!("{name}_a");
+    // libpq's form for a socket folder: no host in the authority, `host=` the folder.
+    let tests_url = url::Url::parse(&outbox_tests::database_url()).expect("DATABASE_URL is a URL");
+    let a_database_url = format!(
+        "postgres://{}@{}?host={}&application_name={a_name}",
+        tests_url.username(),
+        tests_url.path(),
+        postgres.dir().display()
+    );
+    let consumer = broker::consume(name, ExchangeKind::Fanout, "").await;
+    let timeout = format!("{}s", CUT_PUBLISH_TIMEOUT.as_secs());
+    args.extend_from_slice(&["--publish-timeout", &timeout]);
+    let mut a =
+        partition.spawn_relay_with_env(&a_name, &args, &[("DATABASE_URL", &a_database_url)]);
+    let mut b = process::spawn_relay(&format!("{name}_b"), &args);
+
+    // Cut while A holds a claim, most likely one whose batch awaits the broker's confirms.
+    wait::until(
+        "both relays run, thousands of rows are processed and A holds a claim",
+        Duration::from_secs(60),
+        || {
+            let (table, a_name) = (table.clone(), a_name.clone());
+            async move {
+                let mut conn = db::connect().await;
+                db::pending(&mut conn, &table).await <= CUT_AT_PENDING
+                    && claims_of(&mut conn, &a_name).await > 0
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nA:\n{}\nB:\n{}",
+            tail(&a.log_text()),
+            tail(&b.log_text())
+        )
+    });
+    partition.cut();
+    let cut_at = Instant::now();
+    eprintln!(
+        "broker cut with {} rows pending, A holding {} claims",
+        db::pending(&mut conn, table).await,
+        claims_of(&mut conn, &a_name).await
+    );
+
+    // (a) A's claims are given back within the publish deadline, and it claims nothing more
+    // while the broker stays away: it does not claim before it is connected.
+    let mut last_claim = None;
+    while cut_at.elapsed() < ALL_PROCESSED_AFTER_CUT.min(CLAIMS_BACK_AFTER_BROKER_CUT * 3) {
+        if claims_of(&mut conn, &a_name).await > 0 {
+            last_claim = Some(cut_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("A's last claim seen {last_claim:?} after the cut");
+    assert!(
+        last_claim.is_none_or(|at| at <= CLAIMS_BACK_AFTER_BROKER_CUT),
+        "relay A held a claim {last_claim:?} after the broker cut (bound \
+         {CLAIMS_BACK_AFTER_BROKER_CUT:?})\nA:\n{}",
+        tail(&a.log_text())
+    );
+
+    // (b) B relays every row, A still cut off: with per-key ordering, A's keys too.
+    let drained = wait::holds(
+        "every row is processed, relay A still cut off from the broker",
+        ALL_PROCESSED_AFTER_CUT.saturating_sub(cut_at.elapsed()),
+        || {
+            let table = table.clone();
+            async move { db::pending(&mut db::connect().await, &table).await == 0 }
+        },
+    )
+    .await;
+    assert!(
+        drained,
+        "{} rows still pending {:?} after the broker cut\nA:\n{}\nB:\n{}",
+        db::pending(&mut conn, table).await,
+        cut_at.elapsed(),
+        tail(&a.log_text()),
+        tail(&b.log_text())
+    );
+    eprintln!(
+        "every row processed {:.1}s after the broker cut",
+        cut_at.elapsed().as_secs_f64()
+    );
+    let ids = db::all_ids(&mut conn, table).await;
+    assert_every_id_arrives(&consumer, &ids).await;
+    if let Some(key) = key_column {
+        let report = check(
+            &consumer.arrivals(),
+            &expected_order(&mut conn, table, key).await,
+        );
+        report.assert_in_order(ROWS);
+        eprintln!("every key in order; {} repeats", report.repeats);
+    }
+    // Said once for the process, not per worker per retry (a reminder a minute on at most),
+    // once a reconnect has waited out a node's connect timeout.
+    let said = wait::holds(
+        "relay A says it cannot reach the broker",
+        SAID_AFTER_BROKER_CUT.saturating_sub(cut_at.elapsed()),
+        || {
+            let said = a.log_text().contains("cannot reach the broker");
+            async move { said }
+        },
+    )
+    .await;
+    let log = a.log_text();
+    let times = log.matches("cannot reach the broker").count();
+    assert!(said && times <= 2, "A says the cut {times} times:\n{log}");
+
+    // (c) After the heal, A alone relays new rows.
+    assert_eq!(
+        b.terminate(Duration::from_secs(30)).await,
+        Some(0),
+        "B stops"
+    );
+    partition.heal();
+    let healed_at = Instant::now();
+    outbox_relay::tools::seed::copy_rows(&mut conn, table, ROWS_AFTER_HEAL, 50, |_| {})
+        .await
+        .expect("insert rows after the heal");
+    assert!(
+        db::wait_until_drained(table, RELAYED_AFTER_HEAL).await,
+        "relay A did not relay {ROWS_AFTER_HEAL} new rows alone within {RELAYED_AFTER_HEAL:?} \
+         of the broker's heal ({} pending)\nA:\n{}",
+        db::pending(&mut conn, table).await,
+        tail(&a.log_text())
+    );
+    eprintln!(
+        "A alone relayed {ROWS_AFTER_HEAL} new rows {:.1}s after the heal",
+        healed_at.elapsed().as_secs_f64()
+    );
+    let ids = db::all_ids(&mut conn, table).await;
+    assert_every_id_arrives(&consumer, &ids).await;
+    assert_eq!(
+        a.terminate(Duration::from_secs(30)).await,
+        Some(0),
+        "A stops"
+    );
+    consumer.close().await;
+    drop(postgres);
+}
+
+/// How many claims the sessions named `application` hold: transactions that locked rows.
+async fn claims_of(conn: &mut PgConnection, application: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+            AND backend_xid IS NOT NULL AND state IN ('idle in transaction', 'active')",
+    )
+    .bind(application)
+    .fetch_one(conn)
+    .await
+    .expect("pg_stat_activity")
 }
 
 /// Waits (30 s at most) until every one of `ids` reached the consumer, at least once.
