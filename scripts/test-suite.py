@@ -206,7 +206,7 @@ def plan():
     ))
     # Once more against a database not named `test`: URLs made from DATABASE_URL must be
     # parsed, not edited as text, and the tests must leave that database as they found it.
-    operator_database_tests = ["postgres_database", "postgres_cleanup"]
+    operator_database_tests = ["services_postgres_database", "services_postgres_cleanup"]
     busy.append(Job(
         f"{' + '.join(operator_database_tests)} against database postgres",
         RELEASE + ["--workspace"]
