@@ -41,8 +41,8 @@ docs:
 	./scripts/docs.sh build
 
 ## docs-reference: regenerate the book's reference pages (docs/reference/api.md, cli.md,
-## metrics.md) from the CRD, the binaries' --help and the metric registries; the docs_reference
-## test fails when they are stale.
+## metrics.md) from the CRD, the binaries' --help and the metric registries; the
+## repo_docs_reference test fails when they are stale.
 docs-reference:
 	$(CARGO) build --release -p outbox-relay -p outbox-operator --bins
 	$(CARGO) run --release -p outbox-tests --bin docs-reference
@@ -124,9 +124,10 @@ lint: module-check script-lint
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## module-check: no import circle between the modules of either crate, nor between their
-## top-level folders. tests/tests/imports.rs reads the sources with syn: seconds once built.
+## top-level folders. tests/tests/repo_imports.rs reads the sources with syn: seconds once
+## built.
 module-check:
-	$(CARGO) test --release --workspace --test imports
+	$(CARGO) test --release --workspace --test repo_imports
 
 ## script-lint: bash -n and shellcheck on every shell script, py_compile and pyflakes on every
 ## Python file (scripts/lint-scripts.sh; shellcheck from Debian's package, pyflakes from PyPI).
@@ -165,23 +166,23 @@ chaos: services release
 	$(BIN_DIR)/outbox-chaos --faults pg-failover,broker-node-loss,kill-9,pg-terminate,network-stall $(CHAOS_FAILOVER_ARGS)
 
 ## scale: the operator with 1,000 suspended OutboxRelays over 10 databases on the real API server
-## (tests/tests/operator_scale.rs, which make test runs with 100): time until all are Ready and
-## until all are reconciled after their Secrets' rotation, operator RSS, reconcile p99, sessions
-## per database (at most 2) and 429s (none). SCALE_RELAYS= to change the count.
+## (tests/tests/long_operator_scale.rs, which make test runs with 100): time until all are Ready
+## and until all are reconciled after their Secrets' rotation, operator RSS, reconcile p99,
+## sessions per database (at most 2) and 429s (none). SCALE_RELAYS= to change the count.
 SCALE_RELAYS ?= 1000
 scale: control-plane services
-	OPERATOR_SCALE_RELAYS=$(SCALE_RELAYS) $(CARGO) test --release -p outbox-tests --test operator_scale -- --nocapture
+	OPERATOR_SCALE_RELAYS=$(SCALE_RELAYS) $(CARGO) test --release -p outbox-tests --test long_operator_scale -- --nocapture
 
 ## soak: two relay pods of one OutboxRelay, run by the operator on the real node, at half their
 ## measured ceiling for MINUTES one-minute periods (90 by default), with a relay pod killed, a
 ## RabbitMQ node and PostgreSQL restarted and a transaction held open on a schedule
-## (tests/tests/soak.rs, which make test runs with 18 periods of 6 s). Fails on memory over 130 %
-## of minute 10's, a fault-free minute under 85 % of the first one's throughput, a latency that
-## does not come back within 10 minutes of the long transaction, or a lost message. The CSV, the
-## table and the plot go to target/soak/ (SOAK_DIR=).
+## (tests/tests/long_soak.rs, which make test runs with 18 periods of 6 s). Fails on memory over
+## 130 % of minute 10's, a fault-free minute under 85 % of the first one's throughput, a latency
+## that does not come back within 10 minutes of the long transaction, or a lost message. The CSV,
+## the table and the plot go to target/soak/ (SOAK_DIR=).
 MINUTES ?= 90
 soak: control-plane services
-	SOAK_MINUTES=$(MINUTES) $(CARGO) test --release -p outbox-tests --test soak -- --nocapture
+	SOAK_MINUTES=$(MINUTES) $(CARGO) test --release -p outbox-tests --test long_soak -- --nocapture
 
 ## chaos-smoke: a seconds-long chaos run, unordered and with per-key ordering.
 chaos-smoke: services $(SMOKE_BINARIES)

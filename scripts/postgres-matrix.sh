@@ -33,7 +33,7 @@ while read -r major version url; do
   DATABASE_URL=$url $CARGO test -q --release -p outbox-tests --test services -- \
     --test-threads=4 "${services_tests[@]}"
   # The operator's database step (PostgresDatabase): migration, reports and health as it reads them.
-  DATABASE_URL=$url $CARGO test -q --release -p outbox-operator --test postgres_database
+  DATABASE_URL=$url $CARGO test -q --release -p outbox-operator --test services_postgres_database
   ran+=("$major in $((SECONDS - started)) s")
 done <"$list"
 [ ${#ran[@]} -gt 0 ] || { echo "no PostgreSQL major to test in $list" >&2; exit 1; }

@@ -5,7 +5,7 @@
 #   ./scripts/previous-release.sh          # builds once (minutes), then answers at once
 #
 # It reads the newest line of release/releases (VERSION COMMIT DATE), exports that commit's tree
-# (`git archive`: a clean clone has the history; tests/tests/release.rs checks the commit is
+# (`git archive`: a clean clone has the history; tests/tests/repo_release.rs checks the commit is
 # there), and builds with the release's own files: its static outbox-relay and outbox-operator,
 # its image (its own scripts/image.sh and Containerfile) and its packaged chart. They are kept
 # under $OUTBOX_CACHE/previous-release/<commit>/ (default $HOME/.cache/outbox-relay):

@@ -34,29 +34,29 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The binaries of outbox-tests that mostly wait on a control plane, with their seconds when run
 # alone on 2 cores (2026-12-04): the order they start in, the longest first.
 WAITING = {
-    "autoscaling_e2e": 215,
+    "e2e_autoscaling": 215,
     # 2026-12-05, with the suspend test beside the others (30 s alone, image build included).
-    "relay_pods_e2e": 66,
-    "failover_e2e": 57,
-    "node_drain_e2e": 52,
+    "e2e_relay_pods": 66,
+    "e2e_failover": 57,
+    "e2e_node_drain": 52,
     # 2026-12-05, with the previous release cached (scripts/previous-release.sh, make test's
     # first step) and make dist's tools built.
-    "upgrade_e2e": 50,
-    "amqp10_operator_e2e": 48,
-    "make_cluster": 37,
-    "deletion_e2e": 34,
-    "leader_election": 31,
-    "release_install_e2e": 28,
-    "first_hour": 24,
-    "secure_operator_e2e": 23,
-    "vacuum_blocked_e2e": 20,
-    "helm_install": 18,
-    "crd_on_apiserver": 10,
+    "e2e_upgrade": 50,
+    "e2e_amqp10_operator": 48,
+    "e2e_make_cluster": 37,
+    "e2e_deletion": 34,
+    "e2e_leader_election": 31,
+    "e2e_release_install": 28,
+    "e2e_first_hour": 24,
+    "e2e_secure_operator": 23,
+    "e2e_vacuum_blocked": 20,
+    "e2e_helm_install": 18,
+    "e2e_crd_on_apiserver": 10,
     # 2026-12-06: 100 suspended OutboxRelays over 10 databases, the operator as a process.
-    "operator_scale": 40,
+    "long_operator_scale": 40,
     # 2026-12-07: 18 periods of 6 s after the pods drain 20,000 rows, under the cluster lease.
-    "soak": 150,
-    "real_node": 8,
+    "long_soak": 150,
+    "e2e_real_node": 8,
 }
 # The modules of the services binary that start their own servers (a RabbitMQ cluster, PostgreSQL
 # standby pairs, Artemis primary/backup pairs) and fail them over: run as a job of their own
@@ -180,9 +180,10 @@ def plan():
     # The tests that need an API server only (the CRD, the chart, the operator as a process),
     # once more on the oldest Kubernetes minor the chart supports.
     waiting.append(Job(
-        "crd_on_apiserver + helm_install on the oldest Kubernetes",
-        RELEASE + ["-p", "outbox-tests", "--test", "crd_on_apiserver", "--test", "helm_install"],
-        env={"OUTBOX_KUBERNETES": "oldest"}, weight=WAITING["crd_on_apiserver"] + WAITING["helm_install"],
+        "e2e_crd_on_apiserver + e2e_helm_install on the oldest Kubernetes",
+        RELEASE + ["-p", "outbox-tests", "--test", "e2e_crd_on_apiserver", "--test", "e2e_helm_install"],
+        env={"OUTBOX_KUBERNETES": "oldest"},
+        weight=WAITING["e2e_crd_on_apiserver"] + WAITING["e2e_helm_install"],
     ))
     waiting.sort(key=lambda job: -job.weight)
 
@@ -205,7 +206,7 @@ def plan():
     ))
     # Once more against a database not named `test`: URLs made from DATABASE_URL must be
     # parsed, not edited as text, and the tests must leave that database as they found it.
-    operator_database_tests = ["postgres_database", "postgres_cleanup"]
+    operator_database_tests = ["services_postgres_database", "services_postgres_cleanup"]
     busy.append(Job(
         f"{' + '.join(operator_database_tests)} against database postgres",
         RELEASE + ["--workspace"]

@@ -95,8 +95,8 @@ impl Metrics {
     /// leaves a labelled family out until it has a series, and a registry does not hand its
     /// collectors back, so a throwaway instance (its own registry) gives each family one series
     /// with empty label values. Read the names, types, help and label names, not the values. A
-    /// new family needs its line here: the reference test (tests/tests/docs_reference.rs) fails
-    /// on a metric name it does not find.
+    /// new family needs its line here: the reference test (tests/tests/repo_docs_reference.rs)
+    /// fails on a metric name it does not find.
     pub fn reference_families() -> Vec<prometheus::proto::MetricFamily> {
         let metrics = Self::default();
         metrics.reconciles.with_label_values(&[""]);

@@ -71,7 +71,8 @@ pub fn crd() -> CustomResourceDefinition {
 
 /// [`crd`] as one YAML document: what `outbox-operator crd` prints and what
 /// `crds/outboxrelays.yaml` holds. It sat in a child module, which needed `OutboxRelay` from
-/// here while this module re-exported its function: an import circle (tests/tests/imports.rs).
+/// here while this module re-exported its function: an import circle
+/// (tests/tests/repo_imports.rs).
 pub fn crd_yaml() -> String {
     serde_yaml::to_string(&crd()).expect("a CRD always serializes to YAML")
 }

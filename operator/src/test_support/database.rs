@@ -1,6 +1,6 @@
 //! A scripted [`RelayDatabase`] for the request-level tests: each test says what the migration
 //! and the lag observation answer, and reads back which calls the pipeline made. The real
-//! PostgreSQL side of these answers is tested in `operator/tests/postgres_database.rs`.
+//! PostgreSQL side of these answers is tested in `operator/tests/services_postgres_database.rs`.
 
 use std::sync::Mutex;
 

@@ -365,7 +365,7 @@ impl Metrics {
     /// does not hand its collectors back, so a throwaway instance (its own registry) gives each
     /// labelled family one series with empty label values. Read the names, types, help and
     /// label names, not the values. A new labelled family needs its line here: the reference
-    /// test (tests/tests/docs_reference.rs) fails on a metric name it does not find.
+    /// test (tests/tests/repo_docs_reference.rs) fails on a metric name it does not find.
     pub fn reference_families() -> Vec<prometheus::proto::MetricFamily> {
         let metrics = Self::new();
         metrics.failures.with_label_values(&[""]);

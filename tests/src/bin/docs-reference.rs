@@ -1,7 +1,7 @@
 //! `docs-reference`: writes the book's generated reference pages (`docs/reference/api.md`,
 //! `cli.md`, `metrics.md`) from the CRD, the `outbox-relay` and `outbox-operator` binaries built
 //! next to this one, and the metric registries. `make docs-reference` runs it; the
-//! `docs_reference` test fails when a committed page differs from what it would write.
+//! `repo_docs_reference` test fails when a committed page differs from what it would write.
 
 use std::process::ExitCode;
 

@@ -1,8 +1,8 @@
 //! The book's reference pages (`docs/reference/`), generated from what they describe so they
 //! cannot fall behind it: the OutboxRelay API from the CRD ([`api`]), the command line from the
 //! built binaries' `--help` ([`cli`]), and the metrics from the registries ([`metrics`]).
-//! `make docs-reference` writes them (the `docs-reference` binary); the `docs_reference` test
-//! fails when a committed page differs from what this module generates.
+//! `make docs-reference` writes them (the `docs-reference` binary); the `repo_docs_reference`
+//! test fails when a committed page differs from what this module generates.
 
 pub mod api;
 pub mod cli;

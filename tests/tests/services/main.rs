@@ -5,8 +5,8 @@
 //! minutes of CI on two cores. Every test still uses its own table, exchanges and queues, so
 //! they run side by side (`--test-threads`).
 //!
-//! The tests that start a Kubernetes control plane are separate binaries (`tests/tests/*.rs`):
-//! each binary shares one control plane among its tests.
+//! The tests that start a Kubernetes control plane are separate binaries
+//! (`tests/tests/e2e_*.rs`, `long_*.rs`): each binary shares one control plane among its tests.
 
 mod amqp10_delivery;
 mod artemis_pair;
