@@ -17,8 +17,10 @@ BIN_DIR := $(TARGET_DIR)/x86_64-unknown-linux-gnu/release
 else
 BIN_DIR := $(TARGET_DIR)/release
 endif
-export DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
-export AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/%2f
+# The test servers' ports (PG_PORT, RABBITMQ_PORT, ...): its NAME=value lines are make's too.
+include scripts/services/ports.env
+export DATABASE_URL ?= postgres://postgres@127.0.0.1:$(PG_PORT)/test
+export AMQP_URL ?= amqp://guest:guest@127.0.0.1:$(RABBITMQ_PORT)/%2f
 
 .PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke scale soak image fmt script-lint cluster cluster-down cluster-release dist release-tools previous-release otel-collector
 
@@ -234,7 +236,7 @@ previous-release:
 
 ## dist: the release artifacts, published as users consume them (scripts/dist.sh): the image by
 ## digest and the chart (oci://) in an OCI registry (DIST_REGISTRY; by default a local one on
-## 127.0.0.1:5050, started here), the image's CycloneDX SBOM, and, given COSIGN_KEY and
+## 127.0.0.1:REGISTRY_PORT, started here), the image's CycloneDX SBOM, and, given COSIGN_KEY and
 ## COSIGN_PASSWORD, cosign signatures of both and the SBOM as a signed attestation.
 dist: release image-tools release-tools
 	BIN_DIR='$(BIN_DIR)' ./scripts/dist.sh

@@ -11,8 +11,11 @@ RELAY="${RELAY:-./target/release/outbox-relay}"
 # The relay's log; target/ may not exist when CARGO_TARGET_DIR builds elsewhere.
 LOG=${DEMO_LOG:-target/demo-relay.log}
 mkdir -p "$(dirname "$LOG")"
-export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}
-export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}
+# The servers scripts/services.sh demo starts, where it starts them.
+# shellcheck source-path=SCRIPTDIR source=services/ports.env
+. scripts/services/ports.env
+export DATABASE_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:$PG_PORT/test}
+export AMQP_URL=${AMQP_URL:-amqp://guest:guest@127.0.0.1:$RABBITMQ_PORT/%2f}
 
 echo "== 1. a fresh outbox table with $ROWS rows (the reference article's shape)"
 psql "$DATABASE_URL" -qc "DROP TABLE IF EXISTS $TABLE" 2>/dev/null

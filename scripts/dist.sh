@@ -14,7 +14,7 @@
 #      it is attached only as a signed attestation).
 #
 # Environment:
-#   DIST_REGISTRY    host:port of the registry (default 127.0.0.1:5050, started here with
+#   DIST_REGISTRY    host:port of the registry (default 127.0.0.1:REGISTRY_PORT, started here with
 #                    `scripts/services.sh registry` when nothing answers there)
 #   DIST_PLAIN_HTTP  1 to talk plain HTTP to it (default: 1 for 127.0.0.1 and localhost, else 0)
 #   DIST_OUT         where the artifacts and dist.env go (default .cache/dist)
@@ -31,7 +31,10 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VERSION="$(awk '/^\[workspace.package\]/{p=1; next} /^\[/{p=0} p && /^version *=/{gsub(/[" ]/, "", $0); sub(/^version=/, ""); print; exit}' "$ROOT/Cargo.toml")"
-REGISTRY="${DIST_REGISTRY:-127.0.0.1:5050}"
+# The registry's port when none is given: the one `scripts/services.sh registry` starts it on.
+# shellcheck source-path=SCRIPTDIR source=services/ports.env
+. "$ROOT/scripts/services/ports.env"
+REGISTRY="${DIST_REGISTRY:-127.0.0.1:$REGISTRY_PORT}"
 OUT="${DIST_OUT:-$ROOT/.cache/dist}"
 PROJECT_KEY="$ROOT/release/cosign.pub"
 case "${REGISTRY%%:*}" in

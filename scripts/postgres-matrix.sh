@@ -9,7 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
 list="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/postgres/majors"
-main_url=postgres://postgres@127.0.0.1:5432/test
+# The main server's line of the list, as services.sh writes it (the whole suite runs on it).
+# shellcheck source-path=SCRIPTDIR source=services/ports.env
+. scripts/services/ports.env
+main_url=postgres://postgres@127.0.0.1:$PG_PORT/test
 [ -s "$list" ] || { echo "$list is missing: run ./scripts/services.sh" >&2; exit 1; }
 
 # What the relay asks of PostgreSQL, by test (names are filters of the services binary): the

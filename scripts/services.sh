@@ -5,10 +5,12 @@
 # Maven Central into the cache), or says exactly what to run otherwise.
 #   scripts/services.sh               start whatever is not up
 #   scripts/services.sh demo          start (installing, once) only what make demo uses: PostgreSQL
-#                                     on 127.0.0.1:5432 (database test) and RabbitMQ on 5672
+#                                     on 127.0.0.1:PG_PORT (database test) and RabbitMQ on
+#                                     RABBITMQ_PORT
 #   scripts/services.sh postgres-majors
 #                                     start (installing, once) only the PostgreSQL servers of the
-#                                     other majors, 13 to 18, on 127.0.0.1:54<major>
+#                                     other majors, 13 to 18, on 127.0.0.1, port
+#                                     PG_MAJORS_BASE_PORT + the major
 #   scripts/services.sh stop-artemis  stop the Artemis broker this script started
 #   scripts/services.sh artemis-instance DIR PORT
 #                                     make (once) and start a private Artemis broker in DIR, AMQP 1.0
@@ -25,7 +27,8 @@
 #                                     start (installing Debian's docker-registry, once) an OCI registry
 #                                     storing under DIR, plain HTTP on ADDRESS:PORT (127.0.0.1, or
 #                                     10.213.0.1 for the tests' node); by default
-#                                     $HOME/.cache/outbox-relay/registry on 127.0.0.1:5050 (make dist's)
+#                                     $HOME/.cache/outbox-relay/registry on 127.0.0.1:REGISTRY_PORT
+#                                     (make dist's)
 #   scripts/services.sh stop-registry [DIR]
 #                                     stop the registry of DIR (its pid file), keeping what it stores
 #   scripts/services.sh otel-collector
@@ -34,7 +37,7 @@
 #                                     tests/otel-collector/ into the cache; each test starts its own
 #
 # The code is in scripts/services/, a file per server or concern, sourced here; the servers'
-# ports in scripts/services/ports.env.
+# ports, by the names used above, in scripts/services/ports.env.
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -101,12 +104,13 @@ if [ -z "${OUTBOX_SERVICES_LOCKED:-}" ]; then
 fi
 
 # The other majors and where they listen, for the summaries.
-pg_majors_summary="PostgreSQL $(printf '%s\n' "${PG_MAJORS[@]}" | cut -d' ' -f1 | paste -sd/) on $PGHOST:54<major>"
+pg_majors_summary="PostgreSQL $(printf '%s\n' "${PG_MAJORS[@]}" | cut -d' ' -f1 | paste -sd/) on $PGHOST:$(
+  for major in "${PG_MAJORS[@]}"; do pg_major_port "${major%% *}"; done | paste -sd/)"
 if [ "${1:-}" = postgres-majors ]; then
   { command -v pg_isready && command -v curl && command -v openssl && id postgres; } >/dev/null 2>&1 || install_missing
   setup_tls
   start_pg_majors
-  echo "services: $pg_majors_summary (TLS and roles as on :5432; listed in $pg_cache/majors) are up"
+  echo "services: $pg_majors_summary (TLS and roles as on :$PG_PORT; listed in $pg_cache/majors) are up"
   exit 0
 fi
 
@@ -117,7 +121,7 @@ if [ "${1:-}" = demo ]; then
   start_postgres
   configure_postgres
   start_rabbitmq
-  echo "services: PostgreSQL on $PGHOST:5432 (database test) and RabbitMQ on 127.0.0.1:5672 are up," \
+  echo "services: PostgreSQL on $PGHOST:$PG_PORT (database test) and RabbitMQ on 127.0.0.1:$RABBITMQ_PORT are up," \
     "all the demo uses (make test starts the rest)"
   exit 0
 fi
@@ -140,12 +144,12 @@ start_rabbitmq
 configure_rabbitmq_users
 enable_rabbitmq_amqp10
 start_artemis
-echo "services: PostgreSQL on $PGHOST:5432 (TLS with CA $tls_dir/ca.pem; TLS-only roles outbox_scram," \
+echo "services: PostgreSQL on $PGHOST:$PG_PORT (TLS with CA $tls_dir/ca.pem; TLS-only roles outbox_scram," \
   "outbox_md5, outbox_cert), PostgreSQL without TLS on $PGHOST:$PLAIN_PG_PORT," \
   "PostgreSQL with an expired certificate on $PGHOST:$EXPIRED_PG_PORT," \
-  "$pg_majors_summary (TLS and roles as on :5432; listed in $pg_cache/majors)," \
-  "PgBouncer on 127.0.0.1:$PGBOUNCER_PORT (databases session and transaction), RabbitMQ on 127.0.0.1:5672 (AMQP 0-9-1 and 1.0)" \
-  "and 5671 (AMQPS; certificate login for outbox_cert)," \
+  "$pg_majors_summary (TLS and roles as on :$PG_PORT; listed in $pg_cache/majors)," \
+  "PgBouncer on 127.0.0.1:$PGBOUNCER_PORT (databases session and transaction), RabbitMQ on 127.0.0.1:$RABBITMQ_PORT (AMQP 0-9-1 and 1.0)" \
+  "and $RABBITMQ_TLS_PORT (AMQPS; certificate login for outbox_cert)," \
   "ActiveMQ Artemis $ARTEMIS_VERSION on 127.0.0.1:$ARTEMIS_PORT (AMQP 1.0; on :$ARTEMIS_MODIFIED_PORT a full address answers modified;" \
   "on :$ARTEMIS_TLS_PORT TLS, CA $artemis_ca) are up;" \
   "pods reach PostgreSQL (TLS too), PgBouncer, RabbitMQ (AMQPS too) and Artemis (plain AMQP 1.0) on $SERVICES_ADDRESS"

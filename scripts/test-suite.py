@@ -64,9 +64,22 @@ WAITING = {
 FAILOVER = ["artemis_pair", "broker_cluster", "pg_failover"]
 RELEASE = [CARGO, "test", "--release"]
 THREADS = ["--", "--test-threads=4"]
+
+
+def services_port(name):
+    """The port NAME of scripts/services/ports.env (NAME=value lines, # comments), where
+    scripts/services.sh starts its servers."""
+    with open(os.path.join(ROOT, "scripts", "services", "ports.env")) as ports:
+        for line in ports:
+            key, equals, value = line.strip().partition("=")
+            if equals and key == name:
+                return int(value)
+    raise KeyError(f"scripts/services/ports.env has no line {name}=")
+
+
 # The operator's database tests run a second time against this database, which they must leave
 # as they found it (LEFTOVER).
-POSTGRES_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+POSTGRES_URL = f"postgres://postgres@127.0.0.1:{services_port('PG_PORT')}/postgres"
 # What those tests could leave behind, taken before and after their run: schemas (theirs are
 # `s_<uuid>`), tables, indexes and functions anywhere outside the catalogs (`public` included: an
 # unqualified table name puts the claims and report tables there), triggers, and their databases

@@ -17,13 +17,15 @@
 #       stops one member (SIGTERM: a graceful shutdown; with --kill: SIGKILL, as a crash)
 #   scripts/services.sh artemis-pair-drop DIR
 #       SIGKILLs both and empties the journal (the instances stay, for the next pair)
-# Each member has a core acceptor on its port + 1000, for the cluster connection that pairs
-# them (static connectors to each other: artemis create --shared-store implies a cluster, by
-# default found by UDP multicast, which would join every pair on this machine into one).
+# Each member has a core acceptor ARTEMIS_CORE_PORT_OFFSET above its port, for the cluster
+# connection that pairs them (static connectors to each other: artemis create --shared-store
+# implies a cluster, by default found by UDP multicast, which would join every pair on this
+# machine into one).
 
 # create_pair_member DIR ROLE PORT OTHER_PORT SHARED: the instance of one member.
 create_pair_member() {
   local dir=$1 role=$2 port=$3 other=$4 shared=$5
+  local core=$((port + ARTEMIS_CORE_PORT_OFFSET)) other_core=$((other + ARTEMIS_CORE_PORT_OFFSET))
   local marker="pair-$ARTEMIS_PAIR_VERSION $role $port $other $shared" backup=() xml="$1/etc/broker.xml"
   [ "$(cat "$dir/.outbox-relay" 2>/dev/null)" = "$marker" ] && return 0
   [ "$role" = backup ] && backup=(--backup)
@@ -34,11 +36,11 @@ create_pair_member() {
     --host 127.0.0.1 --name "outbox-pair-$role" --mapped --no-fsync --java-memory 128M --no-web --no-autotune \
     --no-hornetq-acceptor --no-mqtt-acceptor --no-stomp-acceptor \
     --shared-store "${backup[@]}" --failover-on-shutdown --data "$shared" \
-    --default-port $((port + 1000)) --static-cluster "tcp://127.0.0.1:$((other + 1000))" \
+    --default-port "$core" --static-cluster "tcp://127.0.0.1:$other_core" \
     --cluster-user outbox-cluster --cluster-password outbox-cluster "$dir" >"$dir.create.log" 2>&1; then
     tail -n 20 "$dir.create.log" >&2; echo "artemis create failed (log: $dir.create.log)" >&2; exit 1
   fi
-  # AMQP 1.0 alone on PORT, the core protocol alone on PORT+1000; as on the tests' broker, no
+  # AMQP 1.0 alone on PORT, the core protocol alone on its core port; as on the tests' broker, no
   # halt on a slow machine and no blocked producers on a nearly full disk.
   sed -i \
     -e "/<acceptor name=\"amqp\">/s|tcp://127.0.0.1:5672?|tcp://127.0.0.1:$port?|" \
@@ -47,8 +49,8 @@ create_pair_member() {
     -e 's|<max-disk-usage>90<|<max-disk-usage>-1<|' \
     "$xml"
   sed -i 's|-Xms512M|-Xms64M|' "$dir/etc/artemis.profile"
-  if ! grep -q "\"amqp\">tcp://127.0.0.1:$port?" "$xml" || ! grep -q "\"artemis\">tcp://127.0.0.1:$((port + 1000))?" "$xml" \
-    || ! grep -q "tcp://127.0.0.1:$((other + 1000))<" "$xml" || ! grep -q "<$role>" "$xml" \
+  if ! grep -q "\"amqp\">tcp://127.0.0.1:$port?" "$xml" || ! grep -q "\"artemis\">tcp://127.0.0.1:$core?" "$xml" \
+    || ! grep -q "tcp://127.0.0.1:$other_core<" "$xml" || ! grep -q "<$role>" "$xml" \
     || ! grep -q '<failover-on-shutdown>true<' "$xml" || ! grep -q "<journal-directory>$shared/journal<" "$xml"; then
     echo "could not configure $xml" >&2; exit 1
   fi
@@ -107,5 +109,6 @@ artemis_pair_command() {
   esac
 }
 
-# The members' stamp: when create_pair_member changes, the instances are made again.
-ARTEMIS_PAIR_VERSION=$(stamp create_pair_member)
+# The members' stamp: when create_pair_member or the offset of their core ports changes, the
+# instances are made again.
+ARTEMIS_PAIR_VERSION=$(stamp create_pair_member -- "$ARTEMIS_CORE_PORT_OFFSET")

@@ -56,9 +56,12 @@ create_artemis() {
     echo "artemis create failed (log: $log)" >&2; exit 1
   fi
   local xml="$artemis_instance/etc/broker.xml"
-  # AMQP 1.0 on 127.0.0.1:5673, and on 127.0.0.1:5674 the same broker answers a full address with
-  # modified (delivery-failed) instead of rejected, to a sender whose source lists amqp:modified:list.
-  # The core acceptor (for the artemis CLI: queue stat, ...) speaks CORE only, on 127.0.0.1:61616.
+  # AMQP 1.0 on 127.0.0.1:ARTEMIS_PORT, and on 127.0.0.1:ARTEMIS_MODIFIED_PORT the same broker
+  # answers a full address with modified (delivery-failed) instead of rejected, to a sender whose
+  # source lists amqp:modified:list. The core acceptor (for the artemis CLI: queue stat, ...)
+  # speaks CORE only, on 127.0.0.1:ARTEMIS_CORE_PORT. Each sed line finds its acceptor by the
+  # address `artemis create` gives it, on Artemis' own default ports (5672, 61616), as
+  # start_private_artemis and create_pair_member do.
   # A test broker must neither halt on a slow CI machine nor block producers on a 90% full disk.
   sed -i \
     -e "/<acceptor name=\"amqp\">/s|tcp://127.0.0.1:5672?|tcp://127.0.0.1:$ARTEMIS_PORT?|" \
@@ -171,8 +174,9 @@ launch_artemis() {
     >"$dir/log/console.log" 2>&1 </dev/null &
 }
 
-# A private broker: its own instance, AMQP 1.0 on PORT and its core acceptor on PORT+1000,
-# started in a session of its own; the pid file is DIR/data/artemis.pid.
+# A private broker: its own instance, AMQP 1.0 on PORT and its core acceptor
+# ARTEMIS_CORE_PORT_OFFSET above, started in a session of its own; the pid file is
+# DIR/data/artemis.pid.
 start_private_artemis() {
   local dir=$1 port=$2
   install_artemis
@@ -186,7 +190,7 @@ start_private_artemis() {
     fi
     sed -i \
       -e "/<acceptor name=\"amqp\">/s|tcp://127.0.0.1:5672?|tcp://127.0.0.1:$port?|" \
-      -e "/<acceptor name=\"artemis\">/s|tcp://127.0.0.1:61616?|tcp://127.0.0.1:$((port + 1000))?|" \
+      -e "/<acceptor name=\"artemis\">/s|tcp://127.0.0.1:61616?|tcp://127.0.0.1:$((port + ARTEMIS_CORE_PORT_OFFSET))?|" \
       -e 's|<critical-analyzer-policy>HALT<|<critical-analyzer-policy>LOG<|' \
       -e 's|<max-disk-usage>90<|<max-disk-usage>-1<|' \
       "$dir/etc/broker.xml"

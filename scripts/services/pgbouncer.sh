@@ -16,8 +16,8 @@ start_pgbouncer() {
     as_root mkdir -p "$dir"
     as_root cp "$tls_dir/ca.pem" "$dir/ca.pem"
     printf '%s\n' '[databases]' \
-      "session = host=127.0.0.1 port=5432 dbname=test pool_mode=session" \
-      "transaction = host=127.0.0.1 port=5432 dbname=test pool_mode=transaction" \
+      "session = host=127.0.0.1 port=$PG_PORT dbname=test pool_mode=session" \
+      "transaction = host=127.0.0.1 port=$PG_PORT dbname=test pool_mode=transaction" \
       '[pgbouncer]' "listen_addr = 127.0.0.1,$SERVICES_ADDRESS" "listen_port = $PGBOUNCER_PORT" "unix_socket_dir =" \
       "auth_type = scram-sha-256" "auth_file = $dir/userlist.txt" "pool_mode = session" \
       "max_client_conn = 400" "default_pool_size = 40" \

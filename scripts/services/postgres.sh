@@ -1,9 +1,9 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # variables set in another of the files scripts/services.sh sources
-# The main PostgreSQL cluster (127.0.0.1:5432), its TLS set-up and roles, and the clusters
+# The main PostgreSQL cluster (127.0.0.1:$PG_PORT), its TLS set-up and roles, and the clusters
 # without TLS and with an expired certificate. Sourced by scripts/services.sh.
 
-pg_up() { pg_isready -q -h "$PGHOST" -p 5432 2>/dev/null; }
+pg_up() { pg_isready -q -h "$PGHOST" -p "$PG_PORT" 2>/dev/null; }
 
 start_postgres() {
   pg_up && return 0

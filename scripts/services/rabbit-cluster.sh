@@ -9,15 +9,16 @@
 #   scripts/services.sh rabbit-cluster-queue Q [ONLINE [SECONDS]]
 #                                               wait until quorum queue Q has a leader and ONLINE (3) members online
 #   scripts/services.sh stop-rabbit-cluster     stop every node
-# Nodes rt1..rt3@$(hostname -s), AMQP on 127.0.0.1:5782-5784, distribution on 25782-25784, data
-# under $OUTBOX_CACHE/rabbit-cluster, one HOME there for the shared Erlang cookie. The nodes run
-# /usr/lib/rabbitmq/bin/rabbitmq-server itself (the /usr/sbin wrapper switches user and writes
-# under /var/log), each with a config file of its own: the system's rabbitmq.conf pins 5672,
-# and in 3.10 listeners.tcp wins over RABBITMQ_NODE_PORT.
+# Nodes rt1..rt3@$(hostname -s), AMQP on 127.0.0.1 from RABBIT_CLUSTER_FIRST_PORT on (rc_port),
+# distribution RABBIT_CLUSTER_DIST_PORT_OFFSET above, data under $OUTBOX_CACHE/rabbit-cluster,
+# one HOME there for the shared Erlang cookie. The nodes run /usr/lib/rabbitmq/bin/rabbitmq-server
+# itself (the /usr/sbin wrapper switches user and writes under /var/log), each with a config file
+# of its own: the system's rabbitmq.conf pins RABBITMQ_PORT, and in 3.10 listeners.tcp wins over
+# RABBITMQ_NODE_PORT.
 rabbit_cluster_dir="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}/rabbit-cluster"
 rabbit_cluster_host=$(hostname -s)
 
-rc_port() { echo $((5781 + $1)); }
+rc_port() { echo $((RABBIT_CLUSTER_FIRST_PORT - 1 + $1)); }
 rc_node_up() { (exec 3<>"/dev/tcp/127.0.0.1/$(rc_port "$1")") 2>/dev/null; }
 # rc_env N COMMAND...: COMMAND with node N's environment.
 rc_env() {
@@ -26,7 +27,7 @@ rc_env() {
   shift
   env HOME="$rabbit_cluster_dir/home" RABBITMQ_CONF_ENV_FILE=/dev/null \
     RABBITMQ_NODENAME="rt$n@$rabbit_cluster_host" RABBITMQ_NODE_PORT="$port" \
-    RABBITMQ_DIST_PORT=$((20000 + port)) RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
+    RABBITMQ_DIST_PORT=$((RABBIT_CLUSTER_DIST_PORT_OFFSET + port)) RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
     RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/log" RABBITMQ_PID_FILE="$dir/pid" \
     RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" \
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+S 1:1 +A 4" "$@"
@@ -107,7 +108,7 @@ start_rabbit_cluster() {
   for n in 1 2 3; do rc_start_node "$n" & pids+=("$!"); done
   for n in "${pids[@]}"; do wait "$n" || exit 1; done
   rc_await_cluster
-  echo "RabbitMQ cluster: rt1..rt3@$rabbit_cluster_host on 127.0.0.1:5782-5784 (guest/guest) is up"
+  echo "RabbitMQ cluster: rt1..rt3@$rabbit_cluster_host on 127.0.0.1:$(rc_port 1)-$(rc_port 3) (guest/guest) is up"
 }
 
 # A node answers on its AMQP port before its peers count it as running again (after a kill -9,
@@ -152,4 +153,5 @@ print("members=%d online=%d leader=%s" % (len(q[0]["members"]), len(q[0]["online
 
 # The cluster's stamp: when its set-up (start_rabbit_cluster, the nodes' environment and ports)
 # changes, the cluster is made again.
-RABBIT_CLUSTER_VERSION=$(stamp start_rabbit_cluster rc_env rc_port -- "$SERVICES_ADDRESS")
+RABBIT_CLUSTER_VERSION=$(stamp start_rabbit_cluster rc_env rc_port -- "$SERVICES_ADDRESS" "$RABBIT_CLUSTER_FIRST_PORT" \
+  "$RABBIT_CLUSTER_DIST_PORT_OFFSET")

@@ -1,9 +1,9 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # variables set in another of the files scripts/services.sh sources
-# RabbitMQ, the tests' broker (AMQP 0-9-1 and 1.0 on 5672, AMQPS on 5671). Sourced by
-# scripts/services.sh.
+# RabbitMQ, the tests' broker (AMQP 0-9-1 and 1.0 on RABBITMQ_PORT, AMQPS on RABBITMQ_TLS_PORT).
+# Sourced by scripts/services.sh.
 
-rabbit_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }
+rabbit_up() { (exec 3<>"/dev/tcp/127.0.0.1/$RABBITMQ_PORT") 2>/dev/null; }
 
 start_rabbitmq() {
   rabbit_up && return 0
@@ -15,28 +15,28 @@ start_rabbitmq() {
   echo "RabbitMQ did not start" >&2; exit 1
 }
 
-rabbit_tls_up() { (exec 3<>/dev/tcp/127.0.0.1/5671) 2>/dev/null; }
+rabbit_tls_up() { (exec 3<>"/dev/tcp/127.0.0.1/$RABBITMQ_TLS_PORT") 2>/dev/null; }
 
-# AMQPS on 5671 beside the plain 5672: the test CA's server certificate, peers verified when
+# AMQPS beside plain AMQP: the test CA's server certificate, peers verified when
 # they present a certificate, and login by certificate (EXTERNAL, the certificate's CN as the
 # user name) through rabbitmq_auth_mechanism_ssl, for the user outbox_cert.
 configure_rabbitmq_tls() {
   local dir=/etc/rabbitmq/outbox-relay-tls conf=/etc/rabbitmq/rabbitmq.conf
   if [ "$(as_root cat "$dir/.version" 2>/dev/null)" != "$TLS_VERSION" ] || ! tls_copy_current "$dir" \
     || ! as_root grep -q "outbox-relay tls" "$conf" 2>/dev/null \
-    || ! as_root grep -q "listeners.tcp.pods = $SERVICES_ADDRESS:5672" "$conf" 2>/dev/null; then
-    echo "RabbitMQ: AMQPS on 5671 with the test CA, certificate login (EXTERNAL), the pods' listeners"
+    || ! as_root grep -q "listeners.tcp.pods = $SERVICES_ADDRESS:$RABBITMQ_PORT" "$conf" 2>/dev/null; then
+    echo "RabbitMQ: AMQPS on $RABBITMQ_TLS_PORT with the test CA, certificate login (EXTERNAL), the pods' listeners"
     as_root mkdir -p "$dir"
     as_root cp "$tls_dir/server.pem" "$tls_dir/server.key" "$tls_dir/ca.pem" "$dir/"
     as_root chown -R rabbitmq:rabbitmq "$dir" 2>/dev/null || true
     as_root chmod 640 "$dir/server.key"
     printf '%s\n' "# outbox-relay tls (scripts/services.sh)" \
-      "listeners.tcp.loopback = 127.0.0.1:5672" \
-      "listeners.tcp.loopback_v6 = ::1:5672" \
-      "listeners.tcp.pods = $SERVICES_ADDRESS:5672" \
-      "listeners.ssl.loopback = 127.0.0.1:5671" \
-      "listeners.ssl.loopback_v6 = ::1:5671" \
-      "listeners.ssl.pods = $SERVICES_ADDRESS:5671" \
+      "listeners.tcp.loopback = 127.0.0.1:$RABBITMQ_PORT" \
+      "listeners.tcp.loopback_v6 = ::1:$RABBITMQ_PORT" \
+      "listeners.tcp.pods = $SERVICES_ADDRESS:$RABBITMQ_PORT" \
+      "listeners.ssl.loopback = 127.0.0.1:$RABBITMQ_TLS_PORT" \
+      "listeners.ssl.loopback_v6 = ::1:$RABBITMQ_TLS_PORT" \
+      "listeners.ssl.pods = $SERVICES_ADDRESS:$RABBITMQ_TLS_PORT" \
       "# guest may log in from the pods: the listeners are this machine's addresses only" \
       "loopback_users = none" \
       "ssl_options.cacertfile = $dir/ca.pem" \
@@ -66,18 +66,18 @@ configure_rabbitmq_users() {
     as_root rabbitmqctl -q set_permissions -p / outbox_cert '.*' '.*' '.*' >/dev/null
   fi
   for _ in $(seq 1 30); do rabbit_tls_up && return 0; sleep 1; done
-  echo "RabbitMQ does not listen for AMQPS on 127.0.0.1:5671 (see /etc/rabbitmq/rabbitmq.conf)" >&2; exit 1
+  echo "RabbitMQ does not listen for AMQPS on 127.0.0.1:$RABBITMQ_TLS_PORT (see /etc/rabbitmq/rabbitmq.conf)" >&2; exit 1
 }
 
 enable_rabbitmq_amqp10() {
-  # In RabbitMQ 3.10 the plugin shares port 5672 with AMQP 0-9-1: the protocol header decides.
-  amqp10_up 127.0.0.1 5672 && return 0
+  # In RabbitMQ 3.10 the plugin shares its port with AMQP 0-9-1: the protocol header decides.
+  amqp10_up 127.0.0.1 "$RABBITMQ_PORT" && return 0
   echo "enabling RabbitMQ's AMQP 1.0 plugin (rabbitmq_amqp1_0)"
   if ! as_root rabbitmq-plugins -q enable rabbitmq_amqp1_0 >/dev/null; then
     echo "could not enable the plugin. Enable it with:" >&2
     echo "  sudo rabbitmq-plugins enable rabbitmq_amqp1_0" >&2
     exit 1
   fi
-  for _ in $(seq 1 30); do amqp10_up 127.0.0.1 5672 && return 0; sleep 1; done
-  echo "RabbitMQ does not answer AMQP 1.0 on 127.0.0.1:5672 with rabbitmq_amqp1_0 enabled" >&2; exit 1
+  for _ in $(seq 1 30); do amqp10_up 127.0.0.1 "$RABBITMQ_PORT" && return 0; sleep 1; done
+  echo "RabbitMQ does not answer AMQP 1.0 on 127.0.0.1:$RABBITMQ_PORT with rabbitmq_amqp1_0 enabled" >&2; exit 1
 }

@@ -87,4 +87,5 @@ tls_copy_current() {
 # writes), configure_rabbitmq_tls or start_pgbouncer, or to what they read, makes them all again.
 # Those functions are defined first (scripts/services.sh sources this file after theirs).
 TLS_VERSION=$(stamp setup_tls configure_postgres_tls pg_tls_hba_rules configure_rabbitmq_tls start_pgbouncer \
-  -- "$SERVICES_ADDRESS" "$NODES_NETWORK" "$PGBOUNCER_PORT" "$PG_TLS_ONLY_PASSWORD" "$PG_MD5_PASSWORD")
+  -- "$SERVICES_ADDRESS" "$NODES_NETWORK" "$PG_PORT" "$PGBOUNCER_PORT" "$RABBITMQ_PORT" "$RABBITMQ_TLS_PORT" \
+  "$PG_TLS_ONLY_PASSWORD" "$PG_MD5_PASSWORD")

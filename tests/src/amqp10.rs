@@ -5,20 +5,25 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use const_format::formatcp;
 use fe2o3_amqp::types::messaging::{Body, Message, MessageId, Source};
 use fe2o3_amqp::types::primitives::{Array, SimpleValue, Symbol, Value};
 use fe2o3_amqp::{Connection, Receiver, Session};
 use uuid::Uuid;
 
-/// The brokers the tests reach: RabbitMQ's plugin shares 5672 with AMQP 0-9-1; Artemis listens
-/// on 5673 (see scripts/services.sh).
-pub const RABBITMQ_URL: &str = "amqp://guest:guest@127.0.0.1:5672";
-pub const ARTEMIS_URL: &str = "amqp://outbox:outbox@127.0.0.1:5673";
+use crate::ports::{ARTEMIS_MODIFIED_PORT, ARTEMIS_PORT, ARTEMIS_TLS_PORT, RABBITMQ_PORT};
+
+/// The brokers the tests reach: RabbitMQ's plugin shares its port with AMQP 0-9-1; Artemis
+/// listens on a port of its own (see scripts/services.sh).
+pub const RABBITMQ_URL: &str = formatcp!("amqp://guest:guest@127.0.0.1:{RABBITMQ_PORT}");
+pub const ARTEMIS_URL: &str = formatcp!("amqp://outbox:outbox@127.0.0.1:{ARTEMIS_PORT}");
 /// The same Artemis, on the acceptor that answers `modified` for a full address.
-pub const ARTEMIS_MODIFIED_URL: &str = "amqp://outbox:outbox@127.0.0.1:5674";
+pub const ARTEMIS_MODIFIED_URL: &str =
+    formatcp!("amqp://outbox:outbox@127.0.0.1:{ARTEMIS_MODIFIED_PORT}");
 /// The same Artemis inside TLS, as a user whose password has a Service Bus key's characters
 /// (`k3y/With+Base64=`), percent-encoded as a URL must carry them.
-pub const ARTEMIS_TLS_URL: &str = "amqps://sas-policy:k3y%2FWith%2BBase64%3D@127.0.0.1:5675";
+pub const ARTEMIS_TLS_URL: &str =
+    formatcp!("amqps://sas-policy:k3y%2FWith%2BBase64%3D@127.0.0.1:{ARTEMIS_TLS_PORT}");
 
 /// The CA that signed the TLS acceptor's certificate (scripts/services.sh writes it).
 pub fn artemis_ca() -> std::path::PathBuf {

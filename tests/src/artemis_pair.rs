@@ -4,21 +4,20 @@
 //! the journal's lock from a primary that died or stopped. Dropped, both are killed and the
 //! journal emptied; the instances stay in the cache for the next pair.
 //!
-//! Each pair takes a slot: two ports (and their core ports, 1000 above) and a folder of its
-//! own, held by a lock file while the pair lives, so tests (and other test processes) run
-//! pairs side by side.
+//! Each pair takes a slot: two ports (and their core ports, `ARTEMIS_CORE_PORT_OFFSET` above)
+//! and a folder of its own, held by a lock file while the pair lives, so tests (and other test
+//! processes) run pairs side by side.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::services::script;
 
-/// The first port of the slots: the pairs take 5786–5793 (core 6786–6793), beside every server
-/// `scripts/services.sh` starts (5671–5675), the private Artemis of amqp10_delivery (5677) and
-/// the RabbitMQ cluster (5782–5784).
-const FIRST_PORT: u16 = 5786;
+/// The first port of the slots, beside every server `scripts/services.sh` starts, the private
+/// Artemis of amqp10_delivery and the RabbitMQ cluster (all in scripts/services/ports.env).
+const FIRST_PORT: u16 = crate::ports::ARTEMIS_PAIR_FIRST_PORT;
 /// Slots of two ports each.
-const SLOTS: u16 = 4;
+const SLOTS: u16 = crate::ports::ARTEMIS_PAIR_SLOTS;
 
 /// One member of the pair, by the role it was made with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +77,8 @@ impl ArtemisPair {
                 .unwrap_or_else(|e| panic!("{e}"));
             // A port some other program holds: leave this slot to it.
             let ports = [primary_port, primary_port + 1];
-            if !ports.iter().all(|&p| port_free(p) && port_free(p + 1000)) {
+            let core = |port| port + crate::ports::ARTEMIS_CORE_PORT_OFFSET;
+            if !ports.iter().all(|&p| port_free(p) && port_free(core(p))) {
                 continue;
             }
             let (p, b) = (pair.primary_port.to_string(), pair.backup_port.to_string());

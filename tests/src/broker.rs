@@ -47,7 +47,10 @@ pub struct Consumer {
 pub async fn declare_queue(name: &str) {
     let connection = Connection::connect(&crate::amqp_url(), ConnectionProperties::default())
         .await
-        .expect("RabbitMQ must run on 127.0.0.1:5672 (make services)");
+        .expect(const_format::formatcp!(
+            "RabbitMQ must run on 127.0.0.1:{} (make services)",
+            crate::ports::RABBITMQ_PORT
+        ));
     let channel = connection.create_channel().await.unwrap();
     durable_queue(&channel, name).await;
     let _ = connection.close(0, "declared".into()).await;

@@ -9,7 +9,10 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 pub async fn connect() -> PgConnection {
     PgConnection::connect(&crate::database_url())
         .await
-        .expect("PostgreSQL must run on 127.0.0.1:5432 (make services)")
+        .expect(const_format::formatcp!(
+            "PostgreSQL must run on 127.0.0.1:{} (make services)",
+            crate::ports::PG_PORT
+        ))
 }
 
 /// A connection to the server `url` names (a test's own server: a standby pair, a major).

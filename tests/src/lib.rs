@@ -24,6 +24,7 @@ pub mod ordering;
 pub mod otel_collector;
 pub mod partition;
 pub mod pods;
+pub mod ports;
 pub mod previous_release;
 pub mod process;
 pub mod proxy;
@@ -64,8 +65,10 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", &id[..12])
 }
 
-pub const DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+pub const DATABASE_URL: &str =
+    const_format::formatcp!("postgres://postgres@127.0.0.1:{}/test", ports::PG_PORT);
+pub const AMQP_URL: &str =
+    const_format::formatcp!("amqp://guest:guest@127.0.0.1:{}/%2f", ports::RABBITMQ_PORT);
 
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DATABASE_URL.to_string())

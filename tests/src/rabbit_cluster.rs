@@ -14,8 +14,9 @@ use lapin::{Connection, ConnectionProperties, ExchangeKind};
 
 use crate::services::{SERVICES_ADDRESS, script};
 
+const FIRST_PORT: u16 = crate::ports::RABBIT_CLUSTER_FIRST_PORT;
 /// The nodes' AMQP ports, node 1 first.
-pub const PORTS: [u16; 3] = [5782, 5783, 5784];
+pub const PORTS: [u16; 3] = [FIRST_PORT, FIRST_PORT + 1, FIRST_PORT + 2];
 
 /// Node `node`'s (1 to 3) URL from the host.
 pub fn node_url(node: usize) -> String {

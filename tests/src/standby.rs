@@ -12,12 +12,11 @@ use std::time::Duration;
 
 use crate::services::script;
 
-/// The first port of the slots: the pairs take 5441–5480, beside every server
-/// `scripts/services.sh` starts (5432–5434, 54<major>, 5671–5675, 6432) and the RabbitMQ
-/// cluster's 5782–5784.
-const FIRST_PORT: u16 = 5441;
+/// The first port of the slots, beside every server `scripts/services.sh` starts and the
+/// RabbitMQ cluster's (all in scripts/services/ports.env).
+const FIRST_PORT: u16 = crate::ports::STANDBY_PAIR_FIRST_PORT;
 /// Slots of two ports each.
-const SLOTS: u16 = 20;
+const SLOTS: u16 = crate::ports::STANDBY_PAIR_SLOTS;
 
 /// One of the pair's two servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,9 +12,9 @@ use crate::db::exec;
 pub const SCRAM_PASSWORD: &str = "p@ss:w/rd %?&#tls";
 pub const MD5_PASSWORD: &str = "md5-Pw/with:colon";
 /// The cluster that offers no TLS.
-pub const PLAIN_PORT: u16 = 5433;
+pub const PLAIN_PORT: u16 = crate::ports::PLAIN_PG_PORT;
 /// The cluster whose certificate (the test CA's, for 127.0.0.1) expired on 2021-01-01.
-pub const EXPIRED_PORT: u16 = 5434;
+pub const EXPIRED_PORT: u16 = crate::ports::EXPIRED_PG_PORT;
 
 /// Where services.sh keeps the CA, the server's and the client's certificates.
 pub fn dir() -> PathBuf {
@@ -32,7 +32,7 @@ pub fn file(name: &str) -> String {
     path.display().to_string()
 }
 
-/// A URL of the server `DATABASE_URL` names (the main one, 127.0.0.1:5432, database `test`,
+/// A URL of the server `DATABASE_URL` names (the main one, database `test` on 127.0.0.1,
 /// unless the version matrix points it at another major set up the same way) for `user` with
 /// `password` (percent-encoded here) and these query parameters.
 pub fn url(user: &str, password: Option<&str>, params: &[(&str, &str)]) -> String {

@@ -15,6 +15,7 @@ use outbox_tests::broker::consume;
 use outbox_tests::control_plane::ControlPlane;
 use outbox_tests::node::{NODE_NAME, Node};
 use outbox_tests::oci::{IMAGE_REPOSITORY, Image};
+use outbox_tests::ports::{PG_PORT, RABBITMQ_PORT};
 use outbox_tests::services::SERVICES_ADDRESS;
 use outbox_tests::{db, http, process, unique, wait};
 use serde_json::json;
@@ -45,9 +46,9 @@ fn relay_pod(name: &str, table: &str, exchange: &str) -> Pod {
                          "--poll-interval", "100ms"],
                 "env": [
                     {"name": "DATABASE_URL",
-                     "value": format!("postgres://postgres@{SERVICES_ADDRESS}:5432/test")},
+                     "value": format!("postgres://postgres@{SERVICES_ADDRESS}:{PG_PORT}/test")},
                     {"name": "AMQP_URL",
-                     "value": format!("amqp://guest:guest@{SERVICES_ADDRESS}:5672/%2f")},
+                     "value": format!("amqp://guest:guest@{SERVICES_ADDRESS}:{RABBITMQ_PORT}/%2f")},
                 ],
                 "ports": [{"name": "http", "containerPort": 9090}],
                 "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9090}, "periodSeconds": 1},

@@ -18,6 +18,7 @@ use lapin::ExchangeKind;
 use outbox_operator::crd::OutboxRelaySpec;
 use outbox_relay::table::OutboxTable;
 use outbox_tests::cluster::{TestCluster, create_url_secret, relay_spec};
+use outbox_tests::ports::{PGBOUNCER_PORT, RABBITMQ_TLS_PORT};
 use outbox_tests::tls::{self, TlsRole};
 use outbox_tests::{broker, db, unique};
 use sqlx::PgConnection;
@@ -121,8 +122,9 @@ async fn an_outbox_relay_with_tls_secrets_relays_names_a_wrong_ca_and_recovers()
     // No password and no TLS parameter in the URL: the spec's fields say them.
     let url = tls::url(&role.name, None, &[]);
     create_url_secret(&cluster.client, &cluster.namespace, "db-tls", &url).await;
-    let amqps = "amqps://outbox_cert@127.0.0.1:5671/%2f?auth_mechanism=external";
-    create_url_secret(&cluster.client, &cluster.namespace, "amqps", amqps).await;
+    let amqps =
+        format!("amqps://outbox_cert@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f?auth_mechanism=external");
+    create_url_secret(&cluster.client, &cluster.namespace, "amqps", &amqps).await;
     put_secret(
         &cluster,
         "db-password",
@@ -211,7 +213,16 @@ async fn an_outbox_relay_behind_a_transaction_pool_relays_every_row() {
     let consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
 
     let cluster = TestCluster::start().await;
-    let pool = |database: &str| tls::url_on("127.0.0.1", 6432, database, "outbox_scram", None, &[]);
+    let pool = |database: &str| {
+        tls::url_on(
+            "127.0.0.1",
+            PGBOUNCER_PORT,
+            database,
+            "outbox_scram",
+            None,
+            &[],
+        )
+    };
     create_url_secret(
         &cluster.client,
         &cluster.namespace,

@@ -75,7 +75,7 @@ pub async fn broker_restart(pause: Duration) -> anyhow::Result<()> {
     tokio::task::spawn_blocking(|| rabbitmqctl(&["start_app"])).await??;
     // Wait until the broker accepts connections again.
     for _ in 0..60 {
-        if tokio::net::TcpStream::connect("127.0.0.1:5672")
+        if tokio::net::TcpStream::connect(("127.0.0.1", crate::ports::RABBITMQ_PORT))
             .await
             .is_ok()
         {

@@ -11,6 +11,7 @@ use outbox_tests::amqp10::{
     self, ARTEMIS_FULL_PREFIX, ARTEMIS_MODIFIED_URL, ARTEMIS_REFUSED_PREFIX, ARTEMIS_TLS_URL,
     ARTEMIS_URL, PrivateArtemis, RABBITMQ_URL,
 };
+use outbox_tests::ports::PRIVATE_ARTEMIS_PORT;
 use outbox_tests::{broker, db, http, process, proxy, unique, wait};
 
 const ROWS: u64 = 100_000;
@@ -585,9 +586,10 @@ async fn sigterm_mid_run_over_amqp10_exits_zero_without_duplicates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_crash_mid_run_loses_nothing_over_amqp10() {
     const CRASH_ROWS: u64 = 40_000;
-    let broker = tokio::task::spawn_blocking(|| PrivateArtemis::start("restart", 5677))
-        .await
-        .unwrap();
+    let broker =
+        tokio::task::spawn_blocking(|| PrivateArtemis::start("restart", PRIVATE_ARTEMIS_PORT))
+            .await
+            .unwrap();
     let url = broker.url();
     let name = unique("amqp10_crash");
     let table = db::table(&name);

@@ -1,13 +1,14 @@
 //! Bad input: every case exits 2 with a one-line error naming the option, never prints a
 //! password, and leaves the database untouched.
 
+use outbox_tests::ports::{PG_PORT, RABBITMQ_PORT};
 use outbox_tests::{db, process, unique};
 
 const PASSWORD: &str = "S3cret!Pw";
 
 fn db_url() -> String {
     // Trust authentication ignores the password, so the URL works and still carries a secret.
-    "postgres://postgres:S3cret%21Pw@127.0.0.1:5432/test".to_string()
+    format!("postgres://postgres:S3cret%21Pw@127.0.0.1:{PG_PORT}/test")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,7 +40,7 @@ async fn bad_input_exits_2_names_the_field_and_writes_nothing() {
     std::fs::write(&wrong_shape, "- table\n- outbox\n").unwrap();
 
     let url = db_url();
-    let amqp = "amqp://guest:S3cret!Pw@127.0.0.1:5672/%2f";
+    let amqp = const_format::formatcp!("amqp://guest:S3cret!Pw@127.0.0.1:{RABBITMQ_PORT}/%2f");
     let unknown_key = unknown_key.to_string_lossy().into_owned();
     let truncated = truncated.to_string_lossy().into_owned();
     let wrong_shape = wrong_shape.to_string_lossy().into_owned();

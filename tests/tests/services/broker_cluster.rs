@@ -15,6 +15,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use outbox_relay::table::OutboxTable;
 use outbox_tests::db::{attempts_table, refused_rows};
+use outbox_tests::ports::{ARTEMIS_PORT, RABBITMQ_PORT, RABBITMQ_TLS_PORT};
 use outbox_tests::process::RelayProcess;
 use outbox_tests::rabbit_cluster::{
     Lease, PORTS, all_nodes, await_new_leader, declare, declare_exchange, declare_quorum,
@@ -408,7 +409,9 @@ async fn a_broker_list_with_a_closed_first_node_relays() {
     consumer.assert_each_id_once(&mut conn, &table, 2_000).await;
     let log = relay.log_text();
     assert!(
-        log.contains("connected to broker node 2/2 127.0.0.1:5672"),
+        log.contains(&format!(
+            "connected to broker node 2/2 127.0.0.1:{RABBITMQ_PORT}"
+        )),
         "{log}"
     );
     consumer.close().await;
@@ -418,14 +421,16 @@ async fn a_broker_list_with_a_closed_first_node_relays() {
     let table = db::table(&name);
     let mut conn = db::seeded_table(&table, 1_000).await;
     let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
-    let urls = "amqps://guest:guest@127.0.0.1:1/%2f,amqps://guest:guest@127.0.0.1:5671/%2f";
+    let urls = format!(
+        "amqps://guest:guest@127.0.0.1:1/%2f,amqps://guest:guest@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f"
+    );
     let ca = outbox_tests::tls::file("ca.pem");
     let mut relay = process::spawn_relay(
         &name,
         &process::run_args(
             &name,
             &name,
-            &["--broker-url", urls, "--broker-ca-file", &ca],
+            &["--broker-url", &urls, "--broker-ca-file", &ca],
         ),
     );
     assert!(
@@ -436,9 +441,9 @@ async fn a_broker_list_with_a_closed_first_node_relays() {
     assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
     consumer.assert_each_id_once(&mut conn, &table, 1_000).await;
     assert!(
-        relay
-            .log_text()
-            .contains("connected to broker node 2/2 127.0.0.1:5671"),
+        relay.log_text().contains(&format!(
+            "connected to broker node 2/2 127.0.0.1:{RABBITMQ_TLS_PORT}"
+        )),
         "{}",
         relay.log_text()
     );
@@ -477,9 +482,9 @@ async fn a_broker_list_with_a_closed_first_node_relays() {
         .await
     );
     assert!(
-        relay
-            .log_text()
-            .contains("connected to broker node 2/2 127.0.0.1:5673"),
+        relay.log_text().contains(&format!(
+            "connected to broker node 2/2 127.0.0.1:{ARTEMIS_PORT}"
+        )),
         "{}",
         relay.log_text()
     );

@@ -17,7 +17,7 @@ use sqlx::PgConnection;
 use tokio::io::AsyncWriteExt as _;
 
 /// PostgreSQL's port on the services address.
-const POSTGRES_PORT: u16 = 5432;
+const POSTGRES_PORT: u16 = outbox_tests::ports::PG_PORT;
 
 /// Rows the two relays share.
 const ROWS: u64 = 60_000;

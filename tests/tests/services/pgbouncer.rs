@@ -19,11 +19,11 @@ use lapin::ExchangeKind;
 use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::Ident;
 use outbox_tests::ordering::{check, expected_order};
+use outbox_tests::ports::PGBOUNCER_PORT;
 use outbox_tests::tls::{SCRAM_PASSWORD, url_on};
 use outbox_tests::{broker, db, http, process, unique, wait};
 use sqlx::PgConnection;
 
-const PGBOUNCER_PORT: u16 = 6432;
 const KEY: &str = "aggregate_id";
 
 /// A schema of the test's own owned by outbox_scram (the role PgBouncer knows), dropped by

@@ -7,10 +7,12 @@
 
 use std::time::{Duration, Instant};
 
+use const_format::formatcp;
 use lapin::ExchangeKind;
 use outbox_relay::table::limits::{RateShare, write_share};
 use outbox_relay::table::reports::read_reports;
 use outbox_tests::http::get as http_get;
+use outbox_tests::ports::PG_PORT;
 use outbox_tests::{broker, db, metrics, process, unique};
 
 const LIMIT_METRIC: &str = "outbox_relay_rate_limit_messages_per_second";
@@ -195,9 +197,9 @@ async fn bad_rates_exit_2_naming_the_setting() {
     let base = [
         "run",
         "--database-url",
-        "postgres://postgres:S3cret@127.0.0.1:5432/test",
+        formatcp!("postgres://postgres:S3cret@127.0.0.1:{PG_PORT}/test"),
         "--amqp-url",
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        outbox_tests::AMQP_URL,
         "--metrics-addr",
         "127.0.0.1:0",
     ];

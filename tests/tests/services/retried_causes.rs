@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use lapin::ExchangeKind;
+use outbox_tests::ports::RABBITMQ_TLS_PORT;
 use outbox_tests::{broker, db, http, metrics, process, tls, unique};
 
 const ROWS: u64 = 50;
@@ -125,7 +126,7 @@ async fn an_untrusted_broker_certificate_is_said_once_a_minute_and_its_end_once(
     let ca = file_with("broker-ca", &read("other-ca.pem"));
     said_once_a_minute(Cause {
         name: "otherca",
-        url: "amqps://guest:guest@127.0.0.1:5671/%2f".into(),
+        url: format!("amqps://guest:guest@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f"),
         extra: vec!["--broker-ca-file".into(), ca.display().to_string()],
         fix: Some((ca.clone(), read("ca.pem"))),
         reason: "BrokerTLS",

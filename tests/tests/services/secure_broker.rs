@@ -1,11 +1,12 @@
 //! The broker as production connects to it: AMQPS against a private CA given as a file, login by
 //! client certificate (RabbitMQ's EXTERNAL), a password file read at each connect, and refusals
-//! that name the option to change without showing a secret. RabbitMQ's TLS listener (5671) and
-//! Artemis' (5675) are the ones `scripts/services.sh` sets up.
+//! that name the option to change without showing a secret. RabbitMQ's TLS listener and
+//! Artemis' are the ones `scripts/services.sh` sets up.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use const_format::formatcp;
 use lapin::ExchangeKind;
 use outbox_relay::broker::amqp::{AmqpPublisher, AmqpSettings};
 use outbox_relay::broker::amqp10::{Amqp10Publisher, Amqp10Settings};
@@ -13,10 +14,12 @@ use outbox_relay::broker::tls::{BrokerTls, ClientCert};
 use outbox_relay::broker::{ConnectError, Publisher, Refusal};
 use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_tests::amqp10::{ARTEMIS_TLS_URL, artemis_ca};
+use outbox_tests::ports::{PG_PORT, RABBITMQ_TLS_PORT};
 use outbox_tests::{broker, db, process, tls, unique};
 
-const AMQPS: &str = "amqps://guest:guest@127.0.0.1:5671/%2f";
-const EXTERNAL: &str = "amqps://outbox_cert@127.0.0.1:5671/%2f?auth_mechanism=external";
+const AMQPS: &str = formatcp!("amqps://guest:guest@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f");
+const EXTERNAL: &str =
+    formatcp!("amqps://outbox_cert@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f?auth_mechanism=external");
 
 fn trusting(ca: &str) -> BrokerTls {
     BrokerTls {
@@ -105,7 +108,7 @@ async fn amqps_trusts_the_ca_file_and_names_it_when_it_is_the_wrong_one() {
 #[tokio::test]
 async fn a_certificate_for_another_host_is_refused_naming_the_host() {
     let secret = "H0st-S3cret";
-    let url = format!("amqps://guest:{secret}@localhost:5671/%2f");
+    let url = format!("amqps://guest:{secret}@localhost:{RABBITMQ_TLS_PORT}/%2f");
     let (kind, message) = refusal(rabbit(&url, trusting("ca.pem"), None).await);
     assert_eq!(kind, Refusal::Tls, "{message}");
     assert!(
@@ -126,7 +129,7 @@ async fn a_client_certificate_without_its_key_exits_2_naming_both() {
         &[
             (
                 "DATABASE_URL",
-                "postgres://postgres:Pa1r-S3cret@127.0.0.1:5432/test",
+                formatcp!("postgres://postgres:Pa1r-S3cret@127.0.0.1:{PG_PORT}/test"),
             ),
             ("AMQP_URL", AMQPS),
             ("BROKER_CLIENT_CERT", &cert),
@@ -149,7 +152,7 @@ async fn certificate_login_with_external_and_password_refusals() {
     assert_eq!(kind, Refusal::Auth, "{message}");
 
     // A wrong password: refused as a login, the password not shown.
-    let wrong = "amqps://guest:Wr0ng-S3cret@127.0.0.1:5671/%2f";
+    let wrong = formatcp!("amqps://guest:Wr0ng-S3cret@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f");
     let (kind, message) = refusal(rabbit(wrong, trusting("ca.pem"), None).await);
     assert_eq!(kind, Refusal::Auth, "{message}");
     assert!(!message.contains("Wr0ng-S3cret"), "{message}");

@@ -165,7 +165,7 @@ async fn certificate_trust_host_name_and_files_are_named_when_they_fail() {
     let on_localhost = |mode: &'static str| {
         tls::url_on(
             "localhost",
-            5432,
+            outbox_tests::ports::PG_PORT,
             "test",
             "outbox_scram",
             Some(SCRAM_PASSWORD),
