@@ -23,6 +23,11 @@
 #   scripts/services.sh standby-pair DIR PRIMARY_PORT STANDBY_PORT (and standby-pair-stop, -start,
 #                                     -promote, -rejoin, -drop): a PostgreSQL primary and synchronous standby
 #                                     of one test's own (see scripts/services/standby-pair.sh)
+#   scripts/services.sh rabbitmq4 (and rabbitmq4-stop, rabbitmq4-cli TOOL ARG...)
+#                                     make (once) a Debian 13 root with Debian 13's RabbitMQ 4 and
+#                                     start it beside 3.10 on RABBITMQ4_PORT (AMQPS on
+#                                     RABBITMQ4_TLS_PORT), printing its URL; only the tests that
+#                                     need it start it (see scripts/services/rabbitmq4.sh)
 #   scripts/services.sh registry [DIR PORT [ADDRESS]]
 #                                     start (installing Debian's docker-registry, once) an OCI registry
 #                                     storing under DIR, plain HTTP on ADDRESS:PORT (127.0.0.1, or
@@ -65,6 +70,8 @@ services_dir="$(dirname "${BASH_SOURCE[0]}")/services"
 . "$services_dir/artemis-pair.sh"
 # shellcheck source=services/rabbit-cluster.sh
 . "$services_dir/rabbit-cluster.sh"
+# shellcheck source=services/rabbitmq4.sh
+. "$services_dir/rabbitmq4.sh"
 # shellcheck source=services/standby-pair.sh
 . "$services_dir/standby-pair.sh"
 # shellcheck source=services/registry.sh
@@ -86,12 +93,15 @@ case "${1:-}" in
     exit 0 ;;
   rabbit-cluster-queue) rc_await_queue "${2:?usage: $0 rabbit-cluster-queue QUEUE [ONLINE [SECONDS]]}" "${3:-3}" "${4:-60}"; exit 0 ;;
   stop-rabbit-cluster) for n in 1 2 3; do rc_stop_node "$n"; done; exit 0 ;;
+  rabbitmq4) start_rabbitmq4; exit 0 ;;
+  rabbitmq4-stop) stop_rabbitmq4; exit 0 ;;
+  rabbitmq4-cli) shift; r4_cli "$@"; exit ;;
   stop-artemis) stop_artemis; exit 0 ;;
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
   artemis-pair | artemis-pair-*) artemis_pair_command "$@"; exit 0 ;;
   standby-pair | standby-pair-*) standby_pair_command "$@"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two
