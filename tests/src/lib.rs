@@ -29,6 +29,7 @@ pub mod previous_release;
 pub mod process;
 pub mod proxy;
 pub mod rabbit_cluster;
+pub mod rabbitmq4;
 pub mod registry;
 pub mod scaling_recorder;
 pub mod services;

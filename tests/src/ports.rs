@@ -119,6 +119,10 @@ pub const ARTEMIS_CORE_PORT_OFFSET: u16 = ports_env!("ARTEMIS_CORE_PORT_OFFSET")
 pub const PRIVATE_ARTEMIS_PORT: u16 = ports_env!("PRIVATE_ARTEMIS_PORT");
 /// Node 1 of the three-node RabbitMQ cluster; node N listens N - 1 above.
 pub const RABBIT_CLUSTER_FIRST_PORT: u16 = ports_env!("RABBIT_CLUSTER_FIRST_PORT");
+/// RabbitMQ 4 (`scripts/services.sh rabbitmq4`): AMQP 0-9-1 and AMQP 1.0.
+pub const RABBITMQ4_PORT: u16 = ports_env!("RABBITMQ4_PORT");
+/// RabbitMQ 4 inside TLS.
+pub const RABBITMQ4_TLS_PORT: u16 = ports_env!("RABBITMQ4_TLS_PORT");
 /// The first port of the PostgreSQL standby pairs' slots.
 pub const STANDBY_PAIR_FIRST_PORT: u16 = ports_env!("STANDBY_PAIR_FIRST_PORT");
 /// How many standby pairs' slots (two ports each) there are.

@@ -35,6 +35,7 @@ mod per_key_ordering;
 mod pg_failover;
 mod pgbouncer;
 mod publish_slots;
+mod rabbitmq4;
 mod rate_limit;
 mod relay_delivery;
 mod relay_faults;
