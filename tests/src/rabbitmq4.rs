@@ -13,6 +13,9 @@ pub const AMQP_URL: &str = formatcp!("amqp://guest:guest@127.0.0.1:{RABBITMQ4_PO
 pub const AMQP10_URL: &str = formatcp!("amqp://guest:guest@127.0.0.1:{RABBITMQ4_PORT}");
 /// AMQP 0-9-1 inside TLS, with the test CA's server certificate (`crate::tls`).
 pub const AMQPS_URL: &str = formatcp!("amqps://guest:guest@127.0.0.1:{RABBITMQ4_TLS_PORT}/%2f");
+/// The same, logged in by the test client certificate (EXTERNAL, user `outbox_cert`).
+pub const AMQPS_EXTERNAL_URL: &str =
+    formatcp!("amqps://outbox_cert@127.0.0.1:{RABBITMQ4_TLS_PORT}/%2f?auth_mechanism=external");
 
 /// Makes sure the broker runs: the first call of a test binary runs `scripts/services.sh
 /// rabbitmq4` (which makes the Debian 13 root the first time on a machine: over a minute),

@@ -1,13 +1,14 @@
 //! The relay against RabbitMQ 4.0 (Debian 13's, `scripts/services.sh rabbitmq4`), beside the
-//! tests' 3.10: AMQP 0-9-1 with publisher confirms, and AMQP 1.0 (core in 4.x) to a queue named
+//! tests' 3.10: AMQP 0-9-1 with publisher confirms (and inside TLS, logged in by the test client
+//! certificate), and AMQP 1.0 (core in 4.x) to a queue named
 //! by RabbitMQ 4's v2 address format (`/queues/NAME`) and by 3.10's v1 one (`/amq/queue/NAME`).
 
 use std::time::Duration;
 
 use lapin::ExchangeKind;
 use lapin::types::FieldTable;
-use outbox_tests::rabbitmq4::{self, AMQP_URL, AMQP10_URL};
-use outbox_tests::{amqp10, broker, db, process, rabbit_cluster, unique, wait};
+use outbox_tests::rabbitmq4::{self, AMQP_URL, AMQP10_URL, AMQPS_EXTERNAL_URL};
+use outbox_tests::{amqp10, broker, db, process, rabbit_cluster, tls, unique, wait};
 
 const ROWS: u64 = 3_000;
 
@@ -33,6 +34,43 @@ async fn rows_reach_rabbitmq4_over_amqp091_with_confirms_each_id_once() {
         &["--workers", "2", "--publisher-confirms", "true"],
     );
     let mut relay = process::spawn_relay_with_env(&name, &args, &[("AMQP_URL", AMQP_URL)]);
+    let drained = db::wait_until_drained(&table, Duration::from_secs(120)).await;
+    assert!(drained, "rows still pending:\n{}", relay.log_text());
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    consumer.assert_each_id_once(&mut conn, &table, ROWS).await;
+    consumer.close().await;
+}
+
+/// The same over AMQPS with the test CA, logged in by client certificate (EXTERNAL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_reach_rabbitmq4_over_amqps_with_certificate_login_each_id_once() {
+    rabbitmq4::up().await;
+    let name = unique("r4_amqps");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, ROWS).await;
+    let consumer = broker::consume_at(
+        AMQP_URL,
+        &name,
+        ExchangeKind::Fanout,
+        "",
+        FieldTable::default(),
+    )
+    .await;
+    let (ca, cert, key) = (
+        tls::file("ca.pem"),
+        tls::file("client.pem"),
+        tls::file("client.key"),
+    );
+    let mut relay = process::spawn_relay_with_env(
+        &name,
+        &process::run_args(&name, &name, &["--workers", "2"]),
+        &[
+            ("AMQP_URL", AMQPS_EXTERNAL_URL),
+            ("BROKER_CA_FILE", &ca),
+            ("BROKER_CLIENT_CERT", &cert),
+            ("BROKER_CLIENT_KEY", &key),
+        ],
+    );
     let drained = db::wait_until_drained(&table, Duration::from_secs(120)).await;
     assert!(drained, "rows still pending:\n{}", relay.log_text());
     assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
