@@ -83,6 +83,7 @@ r4_run() {
     RABBITMQ_DIST_PORT="$RABBITMQ4_DIST_PORT" ERL_EPMD_PORT="$RABBITMQ4_EPMD_PORT" \
     RABBITMQ_CONFIG_FILE=/outbox/rabbitmq.conf RABBITMQ_MNESIA_BASE=/outbox/mnesia RABBITMQ_LOG_BASE=/outbox/log \
     RABBITMQ_PID_FILE=/outbox/pid RABBITMQ_ENABLED_PLUGINS_FILE=/outbox/enabled_plugins \
+    ERL_CRASH_DUMP=/outbox/log/erl_crash.dump \
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none" "$@"
 }
 
@@ -230,19 +231,23 @@ r4_stop() {
   local pid r4_use_root
   r4_use_root=$(cat "$r4_dir/.running" 2>/dev/null) || r4_use_root=$(r4_root)
   pid=$(cat "$r4_dir/pid" 2>/dev/null) || pid=""
+  # Only a VM in one of our roots is the node: a pid file left from before a reboot may name a
+  # stranger now.
+  case "$(readlink "/proc/$pid/root" 2>/dev/null)" in
+    "$r4_cache"/debian13-root-*) ;;
+    *) pid="" ;;
+  esac
   if [ -n "$pid" ] || r4_up; then
     if [ -d "$r4_use_root" ]; then
       r4_cli rabbitmqctl -q stop >/dev/null 2>&1 || true
     fi
     if [ -n "$pid" ]; then
       for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-      # Still there (or not ours to ask: a root since removed): killed if it is a VM in one of
-      # our roots, not a stranger that got the pid since.
-      case "$(readlink "/proc/$pid/root" 2>/dev/null)" in
-        "$r4_cache"/debian13-root-*)
-          kill -9 "$pid" 2>/dev/null || true
-          for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done ;;
-      esac
+      # Still there (or not ours to ask: a root since removed).
+      if kill -0 "$pid" 2>/dev/null; then
+        kill -9 "$pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      fi
     fi
   fi
   rm -f "$r4_dir/pid"
