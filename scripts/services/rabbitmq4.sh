@@ -18,7 +18,7 @@
 # broker runs on these ports).
 #
 # How it runs: chroot into the root, in a mount namespace of its own (unshare --mount), where
-# /proc and /sys are mounted, the host's /etc/hosts and /etc/resolv.conf are bound in, and the
+# /proc and (read-only) /sys are mounted, the host's /etc/hosts and /etc/resolv.conf are bound in, and the
 # node's folder, $OUTBOX_CACHE/rabbitmq4 (config, data, logs, the TLS copies, the Erlang cookie),
 # is bound at /outbox: the root itself is only read, and every mount goes with the namespace's
 # last process. The node is rabbit4@$(hostname -s), on an Erlang port mapper of its own
@@ -63,7 +63,7 @@ r4_make_root() {
   as_root debootstrap --variant=minbase "$RABBITMQ4_SUITE" "$root" "$RABBITMQ4_MIRROR"
   as_root mkdir -p "$root/outbox"
   as_root touch "$root/etc/hosts" "$root/etc/resolv.conf"
-  # Packages install without starting anything: no init here, the node runs as r4_start says.
+  # Packages install without starting anything: no init here, the node runs as start_rabbitmq4 says.
   printf '#!/bin/sh\nexit 101\n' | as_root tee "$root/usr/sbin/policy-rc.d" >/dev/null
   as_root chmod 755 "$root/usr/sbin/policy-rc.d"
   r4_enter "$root" apt-get update -qq
