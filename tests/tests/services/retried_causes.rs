@@ -152,3 +152,35 @@ async fn a_closed_broker_port_is_said_once_a_minute() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_vhost_is_said_once_a_minute_as_a_setting() {
+    let mut url = url::Url::parse(&outbox_tests::amqp_url()).expect("AMQP_URL is a URL");
+    url.set_path(&format!("/{}", unique("no_vhost")));
+    said_once_a_minute(Cause {
+        name: "novhost",
+        url: url.to_string(),
+        extra: Vec::new(),
+        fix: None,
+        reason: "BrokerSettings",
+        ready_code: "BrokerSettings",
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_host_name_that_does_not_resolve_is_said_once_a_minute() {
+    // `.invalid` never resolves (RFC 6761).
+    let mut url = url::Url::parse(&outbox_tests::amqp_url()).expect("AMQP_URL is a URL");
+    url.set_host(Some("no-such-broker.invalid"))
+        .expect("a host name");
+    said_once_a_minute(Cause {
+        name: "nodns",
+        url: url.to_string(),
+        extra: Vec::new(),
+        fix: None,
+        reason: "BrokerUnreachable",
+        ready_code: "BrokerUnreachable",
+    })
+    .await;
+}
