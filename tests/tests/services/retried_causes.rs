@@ -184,3 +184,77 @@ async fn a_broker_host_name_that_does_not_resolve_is_said_once_a_minute() {
     })
     .await;
 }
+
+/// The database's side: a password file that holds a password the server refuses (a rotation
+/// that reached the database before the relay's Secret), for a minute, then the right one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_database_login_is_said_once_a_minute_and_its_end_once() {
+    const PASSWORD: &str = "r0tated-pw";
+    let role = tls::TlsRole::create("rotated", PASSWORD).await;
+    let name = format!("{}.outbox", role.name);
+    let table = db::table(&name);
+    let mut admin = db::seeded_table(&table, ROWS).await;
+    role.own(&mut admin, &name).await;
+    let url = tls::url(&role.name, None, &[("sslmode", "require")]);
+    let password = file_with("database-password", format!("{PASSWORD}\n").as_bytes());
+    let password_flag = password.display().to_string();
+    // The role makes its own report tables, as the operator's migration would for it.
+    let (code, _, stderr) = process::run_relay_command_with_env(
+        &[
+            "migrate",
+            "--table",
+            &name,
+            "--database-password-file",
+            &password_flag,
+        ],
+        &[("DATABASE_URL", &url)],
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    std::fs::write(&password, b"Wr0ng-S3cret\n").expect("write the wrong password");
+    let exchange = unique("dbauth_x");
+    let consumer = broker::consume(&exchange, ExchangeKind::Fanout, "").await;
+    let args = process::run_args(
+        &name,
+        &exchange,
+        &["--workers", "4", "--database-password-file", &password_flag],
+    );
+    let mut relay = process::spawn_relay_with_env(&role.name, &args, &[("DATABASE_URL", &url)]);
+    let addr = relay.metrics_addr().await;
+    tokio::time::sleep(WINDOW).await;
+
+    let log = relay.log_text();
+    let (loud, libraries) = process::loud_lines(&log);
+    assert!(libraries.is_empty(), "a library's own lines:\n{log}");
+    assert!(
+        loud.len() <= MOST_LINES,
+        "{} lines at WARN or above in a minute:\n{log}",
+        loud.len()
+    );
+    assert!(!log.contains("Wr0ng-S3cret"), "{log}");
+    let (_, text) = http::get(&addr, "/metrics").await;
+    let series = "outbox_relay_database_connect_failures_total{reason=\"DatabaseAuth\"}";
+    let attempts = metrics::value(&text, series).unwrap_or(0.0);
+    assert!(attempts >= 8.0, "{attempts} attempts counted in {series}");
+    let (code, body) = http::get(&addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("not ready (DatabaseAuth):"), "{body}");
+    assert_eq!(db::pending(&mut admin, &table).await, ROWS as i64);
+
+    std::fs::write(&password, format!("{PASSWORD}\n")).expect("fix the password file");
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(40)).await,
+        "not drained after the fix:\n{}",
+        relay.log_text()
+    );
+    assert_eq!(consumer.wait_for(ROWS, Duration::from_secs(20)).await, ROWS);
+    let log = relay.log_text();
+    let cleared = log
+        .lines()
+        .filter(|line| line.contains("PostgreSQL accepts the relay's sessions again"))
+        .count();
+    assert_eq!(cleared, 1, "the end said once:\n{log}");
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    consumer.close().await;
+    std::fs::remove_file(password).ok();
+}
