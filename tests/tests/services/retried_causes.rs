@@ -38,39 +38,11 @@ async fn said_once_a_minute(cause: Cause<'_>) {
     let mut relay =
         process::spawn_relay_with_env(&table_name, &args, &[("AMQP_URL", cause.url.as_str())]);
     let addr = relay.metrics_addr().await;
-    tokio::time::sleep(WINDOW).await;
-
-    let log = relay.log_text();
-    let (loud, libraries) = process::loud_lines(&log);
-    assert!(
-        libraries.is_empty(),
-        "{}: a library's own lines:\n{log}",
-        cause.name
-    );
-    assert!(
-        loud.len() <= MOST_LINES,
-        "{}: {} lines at WARN or above in a minute:\n{log}",
-        cause.name,
-        loud.len()
-    );
-    let (_, text) = http::get(&addr, "/metrics").await;
     let series = format!(
         "outbox_relay_broker_connect_failures_total{{reason=\"{}\"}}",
         cause.reason
     );
-    let attempts = metrics::value(&text, &series).unwrap_or(0.0);
-    assert!(
-        attempts >= 8.0,
-        "{}: {attempts} attempts counted in {series}",
-        cause.name
-    );
-    let (code, body) = http::get(&addr, "/readyz").await;
-    assert_eq!(code, 503, "{body}");
-    assert!(
-        body.contains(&format!("not ready ({}):", cause.ready_code)),
-        "{}: {body}",
-        cause.name
-    );
+    let body = a_quiet_minute(&relay, &addr, &series, cause.ready_code).await;
     assert!(body.contains("broker: not connected"), "{body}");
     assert_eq!(db::pending(&mut conn, &table).await, ROWS as i64);
 
@@ -92,6 +64,40 @@ async fn said_once_a_minute(cause: Cause<'_>) {
     }
     assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
     consumer.close().await;
+}
+
+/// Waits a minute of the relay meeting its cause, then checks what a person and a program see:
+/// at most [`MOST_LINES`] lines at WARN or above and none of a library's, at least 8 attempts
+/// counted in the metric `series`, and `/readyz` 503 naming `ready_code`. Returns `/readyz`'s
+/// body.
+async fn a_quiet_minute(
+    relay: &process::RelayProcess,
+    addr: &str,
+    series: &str,
+    ready_code: &str,
+) -> String {
+    tokio::time::sleep(WINDOW).await;
+    let log = relay.log_text();
+    let (loud, libraries) = process::loud_lines(&log);
+    assert!(
+        libraries.is_empty(),
+        "{ready_code}: a library's own lines:\n{log}"
+    );
+    assert!(
+        loud.len() <= MOST_LINES,
+        "{ready_code}: {} lines at WARN or above in a minute:\n{log}",
+        loud.len()
+    );
+    let (_, text) = http::get(addr, "/metrics").await;
+    let attempts = metrics::value(&text, series).unwrap_or(0.0);
+    assert!(attempts >= 8.0, "{attempts} attempts counted in {series}");
+    let (code, body) = http::get(addr, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains(&format!("not ready ({ready_code}):")),
+        "{body}"
+    );
+    body
 }
 
 /// A file of the test's own, holding `bytes`.
@@ -221,24 +227,9 @@ async fn a_refused_database_login_is_said_once_a_minute_and_its_end_once() {
     );
     let mut relay = process::spawn_relay_with_env(&role.name, &args, &[("DATABASE_URL", &url)]);
     let addr = relay.metrics_addr().await;
-    tokio::time::sleep(WINDOW).await;
-
-    let log = relay.log_text();
-    let (loud, libraries) = process::loud_lines(&log);
-    assert!(libraries.is_empty(), "a library's own lines:\n{log}");
-    assert!(
-        loud.len() <= MOST_LINES,
-        "{} lines at WARN or above in a minute:\n{log}",
-        loud.len()
-    );
-    assert!(!log.contains("Wr0ng-S3cret"), "{log}");
-    let (_, text) = http::get(&addr, "/metrics").await;
     let series = "outbox_relay_database_connect_failures_total{reason=\"DatabaseAuth\"}";
-    let attempts = metrics::value(&text, series).unwrap_or(0.0);
-    assert!(attempts >= 8.0, "{attempts} attempts counted in {series}");
-    let (code, body) = http::get(&addr, "/readyz").await;
-    assert_eq!(code, 503, "{body}");
-    assert!(body.contains("not ready (DatabaseAuth):"), "{body}");
+    a_quiet_minute(&relay, &addr, series, "DatabaseAuth").await;
+    assert!(!relay.log_text().contains("Wr0ng-S3cret"));
     assert_eq!(db::pending(&mut admin, &table).await, ROWS as i64);
 
     std::fs::write(&password, format!("{PASSWORD}\n")).expect("fix the password file");
@@ -257,4 +248,23 @@ async fn a_refused_database_login_is_said_once_a_minute_and_its_end_once() {
     assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
     consumer.close().await;
     std::fs::remove_file(password).ok();
+}
+
+/// The database's side when nothing answers: a port nothing listens on, for a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_is_said_once_a_minute() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut url = url::Url::parse(&outbox_tests::database_url()).expect("DATABASE_URL is a URL");
+    url.set_port(Some(port)).expect("a port");
+    let name = unique("nodb");
+    let args = process::run_args(&name, &name, &["--workers", "4"]);
+    let mut relay = process::spawn_relay_with_env(&name, &args, &[("DATABASE_URL", url.as_str())]);
+    let addr = relay.metrics_addr().await;
+    let series = "outbox_relay_database_connect_failures_total{reason=\"DatabaseUnreachable\"}";
+    let body = a_quiet_minute(&relay, &addr, series, "DatabaseUnreachable").await;
+    assert!(body.contains("database: not connected"), "{body}");
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
 }
