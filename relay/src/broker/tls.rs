@@ -268,6 +268,24 @@ pub(super) fn classify(
     ]
     .iter()
     .any(|needle| text.contains(needle) || format!("{error:?}").contains(needle));
+    // RabbitMQ answers a connection.open to a vhost it lacks, or one the user has no
+    // permission on, with NOT_ALLOWED: a setting to fix, not an outage to wait out.
+    if text.contains("NOT_ALLOWED") && text.contains("vhost") {
+        let fix = if text.contains("not found") {
+            "create it (rabbitmqctl add_vhost NAME, then set_permissions for the user) or fix \
+             the vhost in the URL's path (percent-encoded: the default vhost / is %2f)"
+        } else {
+            "grant the user access (rabbitmqctl set_permissions -p VHOST USER '.*' '.*' '.*') \
+             or fix the vhost in the URL's path (percent-encoded: the default vhost / is %2f)"
+        };
+        return Some(refused(
+            Refusal::Settings,
+            format!(
+                "the broker refused the vhost ({}): {fix}",
+                first_line(&text)
+            ),
+        ));
+    }
     if login_refused {
         return Some(refused(
             Refusal::Auth,
@@ -328,6 +346,46 @@ mod tests {
                 (kind, message)
             }
             other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[derive(Debug)]
+    struct Closed(&'static str);
+
+    impl std::fmt::Display for Closed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Closed {}
+
+    /// A missing vhost and one the user may not use are settings to fix, each with its own
+    /// fix; the services test meets the first on the real broker.
+    #[test]
+    fn a_refused_vhost_is_a_setting_with_its_fix() {
+        let url = SecretUrl::parse("amqp://relay:S3cret-pw@mq:5672/orders", UrlKind::Amqp).unwrap();
+        for (text, fix) in [
+            (
+                "protocol error: AMQP hard error: NOT-ALLOWED: NOT_ALLOWED - vhost orders not found",
+                "rabbitmqctl add_vhost",
+            ),
+            (
+                "NOT_ALLOWED - access to vhost 'orders' refused for user 'relay'",
+                "rabbitmqctl set_permissions -p VHOST",
+            ),
+        ] {
+            match classify(&Closed(text), &BrokerTls::default(), &url) {
+                Some(ConnectError::Refused {
+                    kind: Refusal::Settings,
+                    message,
+                }) => {
+                    assert!(message.contains("orders"), "{message}");
+                    assert!(message.contains(fix), "{message}");
+                    assert!(!message.contains("S3cret-pw"), "{message}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
         }
     }
 

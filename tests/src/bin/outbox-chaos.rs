@@ -12,7 +12,9 @@
 //! `broker-node-loss` the broker is the three-node RabbitMQ cluster
 //! (`outbox_tests::rabbit_cluster`): the relays are given all three nodes, the run's queue is a
 //! quorum queue, and nodes 2 and 3 are stopped or killed in turn while the consumer reads from
-//! node 1.
+//! node 1. With `partition`, relay 0 runs in a network namespace of its own
+//! (`outbox_tests::partition`), reaching `DATABASE_URL`'s server and the broker directly, and
+//! its link is taken down silently for a while, then healed.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -29,6 +31,7 @@ use outbox_tests::chaos::faults::{self, FaultKind};
 use outbox_tests::chaos::leaks::leaks;
 use outbox_tests::chaos::report::{ChaosReport, FaultRecord, OrderingReport};
 use outbox_tests::ordering::{check, expected_order};
+use outbox_tests::partition::Partition;
 use outbox_tests::rabbit_cluster::{self, Lease};
 use outbox_tests::standby::{Server, StandbyPair, Stop};
 use outbox_tests::{db, process, proxy, unique, wait};
@@ -59,13 +62,14 @@ struct Cli {
     #[arg(long)]
     seed: Option<u64>,
     /// Fault kinds to inject (comma-separated): kill-9, broker-cut, broker-restart, pg-terminate,
-    /// network-stall, pg-failover (which runs on a standby pair of the run's own), and
+    /// network-stall, partition (relay 0 cut off silently, then healed; not with pg-failover or
+    /// broker-node-loss), pg-failover (which runs on a standby pair of the run's own), and
     /// broker-node-loss (on the three-node RabbitMQ cluster; not with broker-cut or
     /// broker-restart, which act on the single broker).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "kill-9,broker-cut,broker-restart,pg-terminate,network-stall"
+        default_value = "kill-9,broker-cut,broker-restart,pg-terminate,network-stall,partition"
     )]
     faults: Vec<String>,
     /// How many faults of each kind.
@@ -119,6 +123,10 @@ struct Run {
     broker: Broker,
     /// The queue the consumer reads.
     queue: String,
+    /// Under the `partition` fault: relay 0's network namespace and the database URL it uses
+    /// from inside (the server directly, not the stalling proxy, which listens on loopback), and
+    /// how long a cut lasts (milliseconds). Last, so it goes after the relays it holds.
+    partition: Option<(Partition, String, std::ops::Range<u64>)>,
 }
 
 /// Where the run's messages go.
@@ -182,7 +190,20 @@ impl Run {
             .append(true)
             .open(self.relay_log(index))
             .expect("relay log");
-        Command::new(process::binary("outbox-relay"))
+        let relay = process::binary("outbox-relay");
+        let (mut command, db_url, amqp_url) = match self.partition.as_ref().filter(|_| index == 0) {
+            Some((partition, inside_db_url, _)) => (
+                partition.command(&relay),
+                inside_db_url.clone(),
+                Partition::url_inside(&self.broker.relay_url()),
+            ),
+            None => (
+                Command::new(&relay),
+                self.db_url.clone(),
+                self.broker.relay_url(),
+            ),
+        };
+        command
             .args([
                 "run",
                 "--table",
@@ -213,8 +234,8 @@ impl Run {
                 "2s",
             ])
             .args(&self.ordering_args)
-            .env("DATABASE_URL", &self.db_url)
-            .env("AMQP_URL", self.broker.relay_url())
+            .env("DATABASE_URL", db_url)
+            .env("AMQP_URL", amqp_url)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log)
@@ -392,6 +413,22 @@ async fn inject(
                 everyone,
             )
         }
+        FaultKind::Partition => {
+            let Some((partition, _, cut_for)) = &run.partition else {
+                anyhow::bail!("partition needs relay 0 in a network namespace");
+            };
+            let cut_for = Duration::from_millis(rng.random_range(cut_for.clone()));
+            partition.cut();
+            tokio::time::sleep(cut_for).await;
+            partition.heal();
+            (
+                format!(
+                    "relay 0 cut off silently for {:.1} s, then healed",
+                    cut_for.as_secs_f64()
+                ),
+                run.workers as u64,
+            )
+        }
         FaultKind::NetworkStall => {
             let pause = Duration::from_millis(rng.random_range(2000..5000));
             stall.stall_for(pause).await;
@@ -556,6 +593,35 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         .query_pairs_mut()
         .append_pair("application_name", &name);
     let db_url = db_url.to_string();
+    let partition = if kinds.contains(&FaultKind::Partition) {
+        anyhow::ensure!(
+            matches!((&database, &broker), (Database::Shared, Broker::Single)),
+            "partition runs on DATABASE_URL's server and the single broker: leave pg-failover and \
+             broker-node-loss out of --faults"
+        );
+        // The server directly, as the proxy gives it to the others: password and name alike.
+        let mut inside = url::Url::parse(&database.url())?;
+        inside
+            .set_password(Some(&password))
+            .map_err(|()| anyhow::anyhow!("DATABASE_URL cannot take a password"))?;
+        inside
+            .query_pairs_mut()
+            .append_pair("application_name", &name);
+        // Longer than the relays' dead-client timeout (15 s) in a full run, so the server must
+        // end relay 0's sessions for the others to get its rows; a few seconds in the smoke.
+        let cut_for = if cli.smoke {
+            3_000..5_000
+        } else {
+            20_000..30_000
+        };
+        Some((
+            Partition::create(),
+            Partition::url_inside(inside.as_str()),
+            cut_for,
+        ))
+    } else {
+        None
+    };
     let mut run = Run {
         name: name.clone(),
         rows,
@@ -571,6 +637,7 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         database,
         broker,
         queue: queue.clone(),
+        partition,
     };
 
     let mut consumer = Command::new(std::env::current_exe()?)

@@ -20,6 +20,10 @@ pub enum FaultKind {
     /// the relays' address (the proxy) moved to it, the old primary made again as its standby:
     /// what a `-rw` Service or a cluster endpoint does in a failover.
     PgFailover,
+    /// Relay 0, which then runs in a network namespace of its own, is cut off silently (its
+    /// link taken down: packets dropped, no RST, no FIN) for a while, then healed: the server
+    /// ends its sessions after its dead-client timeout and the other relays take its rows.
+    Partition,
     /// A node of the three-node RabbitMQ cluster the run then uses (`--broker-url` lists all
     /// three) stopped gracefully or killed (-9), started again after a pause: the relays on it
     /// move to another node. Never node 1, where the recording consumer is.
@@ -27,7 +31,7 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 8] = [
         FaultKind::Kill9,
         FaultKind::BrokerCut,
         FaultKind::BrokerRestart,
@@ -35,6 +39,7 @@ impl FaultKind {
         FaultKind::NetworkStall,
         FaultKind::PgFailover,
         FaultKind::BrokerNodeLoss,
+        FaultKind::Partition,
     ];
 
     pub fn name(self) -> &'static str {
@@ -46,6 +51,7 @@ impl FaultKind {
             FaultKind::NetworkStall => "network-stall",
             FaultKind::PgFailover => "pg-failover",
             FaultKind::BrokerNodeLoss => "broker-node-loss",
+            FaultKind::Partition => "partition",
         }
     }
 

@@ -181,18 +181,49 @@ async fn a_partition_cuts_silently_keeps_connections_open_and_heals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_cut_off_mid_batch_gives_its_claims_back_to_its_peer() {
-    let partition = Partition::create();
-    let a_address = partition.address();
     let name = unique("partition");
     let table = db::table(&name);
     let started = Instant::now();
-    let mut conn = db::seeded_table(&table, ROWS).await;
+    let conn = db::seeded_table(&table, ROWS).await;
     eprintln!(
         "{ROWS} rows seeded in {:.1}s",
         started.elapsed().as_secs_f64()
     );
-    let consumer = broker::consume(&name, ExchangeKind::Fanout, "").await;
     let args = process::run_args(&name, &name, &["--batch-size", "500", "--workers", "2"]);
+    database_cut(&name, &table, conn, args, None).await;
+}
+
+/// With `--ordering per-key` the cut relay's lanes are advisory locks of the sessions the
+/// server ends: its keys go to the peer with them, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_cut_off_mid_batch_gives_its_keys_to_its_peer_in_order() {
+    let name = unique("partition_keys");
+    let (table, conn) = crate::per_key_ordering::keyed_table(&name, ROWS, 1_000).await;
+    let args = crate::per_key_ordering::ordered_args(&name, &[]);
+    database_cut(
+        &name,
+        &table,
+        conn,
+        args,
+        Some(crate::per_key_ordering::KEY),
+    )
+    .await;
+}
+
+/// Relay A in a partition, relay B beside it, on one table; A's whole path is cut while it holds
+/// claims: B processes every row within the bound (with `key_column`, every key in order), no
+/// session of A's outlives it, and after the heal A relays new rows by itself on new sessions.
+async fn database_cut(
+    name: &str,
+    table: &outbox_relay::table::OutboxTable,
+    mut conn: PgConnection,
+    args: Vec<&str>,
+    key_column: Option<&str>,
+) {
+    let partition = Partition::create();
+    let a_address = partition.address();
+    let started = Instant::now();
+    let consumer = broker::consume(name, ExchangeKind::Fanout, "").await;
     let mut a = partition.spawn_relay(&format!("{name}_a"), &args);
     let mut b = process::spawn_relay(&format!("{name}_b"), &args);
 
@@ -236,7 +267,7 @@ async fn a_relay_cut_off_mid_batch_gives_its_claims_back_to_its_peer() {
         eprintln!("A held no claim just after cut {attempt} ({sessions:?}); healing, then again");
         partition.heal();
     };
-    let pending_at_cut = db::pending(&mut conn, &table).await;
+    let pending_at_cut = db::pending(&mut conn, table).await;
     eprintln!(
         "cut {:.1}s into the test with {pending_at_cut} rows pending; A's sessions: \
          {old_sessions:?}",
@@ -271,7 +302,7 @@ async fn a_relay_cut_off_mid_batch_gives_its_claims_back_to_its_peer() {
     .await;
     let drained_after = cut_at.elapsed();
     if !drained {
-        let pending = db::pending(&mut conn, &table).await;
+        let pending = db::pending(&mut conn, table).await;
         let sessions = sessions_from(&mut conn, a_address).await;
         // A's orphaned sessions would keep their locks for hours: end them before failing.
         end_sessions_from(&mut conn, a_address).await;
@@ -313,7 +344,7 @@ async fn a_relay_cut_off_mid_batch_gives_its_claims_back_to_its_peer() {
 
     // (c) Every id reached the consumer at least once; A's batches that the broker confirmed
     // but A never marked came again from B.
-    let ids = db::all_ids(&mut conn, &table).await;
+    let ids = db::all_ids(&mut conn, table).await;
     assert_eq!(ids.len() as u64, ROWS);
     assert_every_id_arrives(&consumer, &ids).await;
     eprintln!(
@@ -321,6 +352,14 @@ async fn a_relay_cut_off_mid_batch_gives_its_claims_back_to_its_peer() {
         consumer.total(),
         consumer.duplicates().len()
     );
+    if let Some(key) = key_column {
+        let report = check(
+            &consumer.arrivals(),
+            &expected_order(&mut conn, table, key).await,
+        );
+        report.assert_in_order(ROWS);
+        eprintln!("every key in order; {} repeats", report.repeats);
+    }
 
     // After the heal, A alone relays new rows, on new sessions.
     let stopping = Instant::now();
@@ -336,14 +375,14 @@ async fn a_relay_cut_off_mid_batch_gives_its_claims_back_to_its_peer() {
     );
     partition.heal();
     let healed_at = Instant::now();
-    outbox_relay::tools::seed::copy_rows(&mut conn, &table, ROWS_AFTER_HEAL, 50, |_| {})
+    outbox_relay::tools::seed::copy_rows(&mut conn, table, ROWS_AFTER_HEAL, 50, |_| {})
         .await
         .expect("insert rows after the heal");
     assert!(
-        db::wait_until_drained(&table, RELAYED_AFTER_HEAL).await,
+        db::wait_until_drained(table, RELAYED_AFTER_HEAL).await,
         "relay A did not relay {ROWS_AFTER_HEAL} new rows alone within {RELAYED_AFTER_HEAL:?} \
          of the heal ({} pending); its sessions: {:?}\nA:\n{}",
-        db::pending(&mut conn, &table).await,
+        db::pending(&mut conn, table).await,
         sessions_from(&mut conn, a_address).await,
         tail(&a.log_text())
     );
@@ -358,7 +397,7 @@ async fn a_relay_cut_off_mid_batch_gives_its_claims_back_to_its_peer() {
         "relay A's sessions from before the cut are back on the server: {now:?} (before: {old_sessions:?})"
     );
     eprintln!("A's sessions after the heal (all new): {now:?}");
-    let ids = db::all_ids(&mut conn, &table).await;
+    let ids = db::all_ids(&mut conn, table).await;
     assert_eq!(ids.len() as u64, ROWS + ROWS_AFTER_HEAL);
     assert_every_id_arrives(&consumer, &ids).await;
     let stopping = Instant::now();

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fe2o3_amqp::link::delivery::DeliveryFut;
-use fe2o3_amqp::link::{SendError, SenderAttachError};
+use fe2o3_amqp::link::{SendError, SenderAttachError, SessionStopReason};
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition, SenderSettleMode};
 use fe2o3_amqp::types::messaging::{
@@ -35,8 +35,8 @@ use connect::unavailable;
 use super::cloudevents::{AMQP10_PREFIX, CloudEvents, SPEC_VERSION, attributes};
 use super::trace_context::{TRACEPARENT, TRACESTATE};
 use super::{
-    BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Rejection,
-    Target, Unconfirmed,
+    BatchOutcome, BrokerFailure, ConnectError, Connector, Delivery, Message, Publisher, Refusal,
+    Rejection, Target, Unconfirmed,
 };
 use crate::broker::tls::BrokerTls;
 use crate::connect::secret_url::SecretUrl;
@@ -441,18 +441,38 @@ fn error_text(error: &fe2o3_amqp::types::definitions::Error) -> String {
     }
 }
 
-/// A refused attach says why: an unknown address is the user's to fix, not an outage.
+/// A refused attach says why: an unknown address is the user's to fix, not an outage. Artemis
+/// and Service Bus refuse the link; RabbitMQ 4 ends the whole session with the same condition,
+/// so both are read.
 fn attach_error(address: &str, error: SenderAttachError) -> ConnectError {
-    match error {
+    let refusal = match &error {
         SenderAttachError::RemoteClosedWithError(e)
-            if e.condition == ErrorCondition::AmqpError(AmqpError::NotFound) =>
+        | SenderAttachError::SessionStopped(SessionStopReason::RemoteEndedWithError(e)) => e,
+        _ => return unavailable(error),
+    };
+    let detail = refusal.description.clone();
+    match &refusal.condition {
+        ErrorCondition::AmqpError(AmqpError::NotFound) => ConnectError::AddressNotFound {
+            address: address.to_string(),
+            detail: detail.unwrap_or_else(|| "amqp:not-found".into()),
+        },
+        // RabbitMQ 4 with the deprecated v1 address format not permitted
+        // (deprecated_features.permit.amqp_address_v1 = false; 4.x's default may change).
+        ErrorCondition::AmqpError(AmqpError::InvalidField)
+            if detail
+                .as_deref()
+                .is_some_and(|d| d.contains("amqp_address_v1_not_permitted")) =>
         {
-            ConnectError::AddressNotFound {
-                address: address.to_string(),
-                detail: e.description.unwrap_or_else(|| "amqp:not-found".into()),
+            ConnectError::Refused {
+                kind: Refusal::Settings,
+                message: format!(
+                    "the broker refuses the address {address} in the v1 format (RabbitMQ 4): give \
+                     --address (spec.broker.address) in the v2 format, /queues/NAME for a queue \
+                     or /exchanges/NAME/ROUTING-KEY for an exchange"
+                ),
             }
         }
-        other => unavailable(other),
+        _ => unavailable(error),
     }
 }
 
@@ -491,6 +511,54 @@ impl Publisher for Amqp10Publisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ended_session(condition: AmqpError, description: &str) -> SenderAttachError {
+        SenderAttachError::SessionStopped(SessionStopReason::RemoteEndedWithError(
+            fe2o3_amqp::types::definitions::Error::new(
+                condition,
+                Some(description.to_string()),
+                None,
+            ),
+        ))
+    }
+
+    /// What RabbitMQ 4.0.5 answered (tried by hand against Debian 13's package): it ends the
+    /// session instead of refusing the link.
+    #[test]
+    fn rabbitmq_4s_ended_sessions_name_the_address_and_the_format() {
+        let missing = attach_error(
+            "/queues/orders",
+            ended_session(AmqpError::NotFound, "no queue 'orders' in vhost '/'"),
+        );
+        assert!(
+            matches!(&missing, ConnectError::AddressNotFound { address, detail }
+                if address == "/queues/orders" && detail.contains("no queue 'orders'")),
+            "{missing:?}"
+        );
+        let v1 = attach_error(
+            "/amq/queue/orders",
+            ended_session(
+                AmqpError::InvalidField,
+                "Attach rejected: {amqp_address_v1_not_permitted,\n {utf8,<<\"/amq/queue/orders\">>}}",
+            ),
+        );
+        match v1 {
+            ConnectError::Refused {
+                kind: Refusal::Settings,
+                message,
+            } => {
+                assert!(message.contains("/amq/queue/orders"), "{message}");
+                assert!(message.contains("/queues/NAME"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Any other ended session stays an outage.
+        let other = attach_error(
+            "/queues/orders",
+            ended_session(AmqpError::InternalError, "node down"),
+        );
+        assert!(matches!(other, ConnectError::Unavailable(_)), "{other:?}");
+    }
 
     #[test]
     fn outcomes_map_to_the_relays_deliveries() {
