@@ -8,7 +8,7 @@ use std::time::Duration;
 use lapin::ExchangeKind;
 use lapin::types::FieldTable;
 use outbox_tests::rabbitmq4::{self, AMQP_URL, AMQP10_URL, AMQPS_EXTERNAL_URL};
-use outbox_tests::{amqp10, broker, db, process, rabbit_cluster, tls, unique, wait};
+use outbox_tests::{amqp10, broker, db, http, process, rabbit_cluster, tls, unique, wait};
 
 const ROWS: u64 = 3_000;
 
@@ -132,8 +132,50 @@ async fn rows_reach_rabbitmq4_over_amqp10_at_a_v2_address_each_once() {
 /// v1 format is a deprecated feature (`amqp_address_v1`) permitted by default. With
 /// `deprecated_features.permit.amqp_address_v1 = false` the broker ends the session at the
 /// attach with `amqp:invalid-field` "Attach rejected: {amqp_address_v1_not_permitted, ...}",
-/// which the relay reports as a broker it cannot reach and retries (issue 56, point 4).
+/// which the relay reports as a setting to fix, naming the v2 format (issue 56, point 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v1_address_still_reaches_rabbitmq4_by_default() {
     amqp10_delivers_each_row_once(300, |queue| format!("/amq/queue/{queue}")).await;
+}
+
+/// A v2 address of a queue RabbitMQ 4 does not have: the broker ends the session at the attach
+/// with amqp:not-found, and the relay says the address is missing (`AddressNotFound` on
+/// `/readyz`), not that the broker is unreachable; nothing is claimed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_queue_on_rabbitmq4_is_named_as_a_missing_address() {
+    rabbitmq4::up().await;
+    let name = unique("r4_missing");
+    let table = db::table(&name);
+    let mut conn = db::seeded_table(&table, 10).await;
+    let address = format!("/queues/{name}_absent");
+    let args = process::run_args_without_exchange(
+        &name,
+        &[
+            "--broker-protocol",
+            "amqp10",
+            "--broker-url",
+            AMQP10_URL,
+            "--address",
+            &address,
+        ],
+    );
+    let mut relay = process::spawn_relay(&name, &args);
+    let addr = relay.metrics_addr().await;
+    let named = wait::holds(
+        "/readyz names the missing address",
+        Duration::from_secs(30),
+        || {
+            let addr = addr.clone();
+            async move {
+                let (code, body) = http::get(&addr, "/readyz").await;
+                code == 503 && body.contains("not ready (AddressNotFound):")
+            }
+        },
+    )
+    .await;
+    let (_, body) = http::get(&addr, "/readyz").await;
+    assert!(named, "{body}\n{}", relay.log_text());
+    assert!(body.contains(&address), "{body}");
+    assert_eq!(db::pending(&mut conn, &table).await, 10);
+    assert_eq!(relay.terminate(Duration::from_secs(20)).await, Some(0));
 }
