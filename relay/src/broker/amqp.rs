@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt::Display;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::join_all;
@@ -83,6 +83,7 @@ pub struct AmqpPublisher {
     dead_letter_exchange: Option<ShortString>,
     settings: AmqpSettings,
     content_type: ShortString,
+    opened_at: Instant,
 }
 
 /// Longest wait for a polite close; a blocked or dead connection is then just dropped.
@@ -138,6 +139,7 @@ impl AmqpPublisher {
             connection,
             channel,
             settings,
+            opened_at: Instant::now(),
         })
     }
 
@@ -373,6 +375,10 @@ impl Publisher for AmqpPublisher {
             broken,
             publish_time,
         }
+    }
+
+    fn opened_at(&self) -> Instant {
+        self.opened_at
     }
 
     fn is_connected(&self) -> bool {

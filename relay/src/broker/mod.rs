@@ -18,7 +18,7 @@ use std::error::Error;
 use std::fmt::Display;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
@@ -253,6 +253,10 @@ pub trait Publisher: Send {
 
     /// Cheap check that the connection is usable, for readiness and reconnects.
     fn is_connected(&self) -> bool;
+
+    /// When the connection was opened: one opened after another worker's publish timed out has
+    /// proven the path to the broker since, so it publishes as usual.
+    fn opened_at(&self) -> Instant;
 
     /// True while the broker refuses to take publishes on this connection (RabbitMQ's
     /// `connection.blocked` under a memory or disk alarm): a publish would only wait, so the

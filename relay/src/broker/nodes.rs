@@ -19,7 +19,7 @@
 use std::fmt::{self, Display};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 use tracing::info;
@@ -274,6 +274,10 @@ impl<P: Publisher> Publisher for NodePublisher<P> {
 
     fn is_blocked(&self) -> bool {
         self.inner.is_blocked()
+    }
+
+    fn opened_at(&self) -> Instant {
+        self.inner.opened_at()
     }
 
     async fn close(self) {

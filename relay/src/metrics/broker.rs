@@ -60,9 +60,15 @@ impl BrokerMetrics {
         note(&self.timed_out_publish_at);
     }
 
-    /// Whether a publish got no confirm within its deadline in the last few seconds.
-    pub fn timed_out_publish_recently(&self) -> bool {
+    /// Whether a publish got no confirm within its deadline in the last few seconds, after
+    /// `opened` (a connection opened since has proven the path, and is not suspect).
+    pub fn timed_out_publish_since(&self, opened: Instant) -> bool {
         recently(&self.timed_out_publish_at)
+            && self
+                .timed_out_publish_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|at| at > opened)
     }
 
     pub fn new(r: &Registry) -> Self {

@@ -483,10 +483,15 @@ async fn publish_in_slot<P: Publisher>(
     {
         return BatchOutcome::not_sent(messages.len());
     }
-    // The same for a publish that just got no confirm: this connection most likely shares its
-    // silent path (a cut), and waiting out its own deadline would hold the rows that long
-    // again, once per worker queued for the slot. Reconnecting tells at once, without rows.
-    if metrics.broker.timed_out_publish_recently() {
+    // The same for a publish that just got no confirm on a connection older than it: this one
+    // most likely shares its silent path (a cut), and waiting out its own deadline would hold
+    // the rows that long again, once per worker queued for the slot. Reconnecting tells at
+    // once, without rows; a connection opened since (the timed-out worker's own new one) has
+    // proven the path already and publishes.
+    if metrics
+        .broker
+        .timed_out_publish_since(publisher.opened_at())
+    {
         return BatchOutcome::not_sent_replacing(messages.len(), BrokerFailure::PeerTimedOut);
     }
     let started = Instant::now();
@@ -664,6 +669,16 @@ mod tests {
     /// A broker that went silent: every publish waits out its deadline.
     struct SilentBroker {
         publishes: usize,
+        opened_at: Instant,
+    }
+
+    impl SilentBroker {
+        fn opened() -> Self {
+            Self {
+                publishes: 0,
+                opened_at: Instant::now(),
+            }
+        }
     }
 
     impl Publisher for SilentBroker {
@@ -679,6 +694,10 @@ mod tests {
 
         fn is_connected(&self) -> bool {
             true
+        }
+
+        fn opened_at(&self) -> Instant {
+            self.opened_at
         }
     }
 
@@ -697,20 +716,25 @@ mod tests {
             .iter()
             .map(|r| to_message(r, &settings.routing_key).unwrap())
             .collect();
-        let mut first = SilentBroker { publishes: 0 };
+        let mut queued = SilentBroker::opened();
+        let mut first = SilentBroker::opened();
         let outcome = publish_in_slot(&mut first, &messages, &settings, &metrics).await;
         assert!(matches!(
             outcome.broken,
             Some(BrokerFailure::ConfirmTimeout(_))
         ));
-        let mut next = SilentBroker { publishes: 0 };
-        let outcome = publish_in_slot(&mut next, &messages, &settings, &metrics).await;
-        assert_eq!(next.publishes, 0, "published into the silence");
+        let outcome = publish_in_slot(&mut queued, &messages, &settings, &metrics).await;
+        assert_eq!(queued.publishes, 0, "published into the silence");
         assert!(matches!(outcome.broken, Some(BrokerFailure::PeerTimedOut)));
         assert_eq!(
             outcome.deliveries,
             vec![Delivery::Unknown(Unconfirmed::BrokerUnavailable)]
         );
+        // A connection opened after the timeout (the timed-out worker's new one, or the queued
+        // worker's after its reconnect) has proven the path: it publishes.
+        let mut reconnected = SilentBroker::opened();
+        publish_in_slot(&mut reconnected, &messages, &settings, &metrics).await;
+        assert_eq!(reconnected.publishes, 1);
     }
 
     /// Issue 44: a nack is the broker's state. Even at the last attempt it neither retries

@@ -42,6 +42,10 @@ impl Publisher for Counting {
     fn is_connected(&self) -> bool {
         self.inner.is_connected()
     }
+
+    fn opened_at(&self) -> std::time::Instant {
+        self.inner.opened_at()
+    }
 }
 
 async fn connect_publisher(exchange: String) -> AmqpPublisher {

@@ -86,6 +86,7 @@ pub struct Amqp10Publisher {
     settings: Amqp10Settings,
     /// A send or disposition failed: the link is no longer trusted.
     failed: bool,
+    opened_at: Instant,
 }
 
 impl Amqp10Publisher {
@@ -148,6 +149,7 @@ impl Amqp10Publisher {
             sender,
             settings,
             failed: false,
+            opened_at: Instant::now(),
         })
     }
 
@@ -491,6 +493,10 @@ impl Publisher for Amqp10Publisher {
                 publish_time: Duration::ZERO,
             },
         }
+    }
+
+    fn opened_at(&self) -> Instant {
+        self.opened_at
     }
 
     fn is_connected(&self) -> bool {
