@@ -489,7 +489,7 @@ async fn broker_cut(
             async move {
                 let mut conn = db::connect().await;
                 db::pending(&mut conn, &table).await <= CUT_AT_PENDING
-                    && claims_of(&mut conn, &a_name).await > 0
+                    && claims_of(&mut conn, &a_name, &table).await > 0
             }
         },
     )
@@ -506,14 +506,14 @@ async fn broker_cut(
     eprintln!(
         "broker cut with {} rows pending, A holding {} claims",
         db::pending(&mut conn, table).await,
-        claims_of(&mut conn, &a_name).await
+        claims_of(&mut conn, &a_name, table).await
     );
 
     // (a) A's claims are given back within the publish deadline, and it claims nothing more
     // while the broker stays away: it does not claim before it is connected.
     let mut last_claim = None;
     while cut_at.elapsed() < ALL_PROCESSED_AFTER_CUT.min(CLAIMS_BACK_AFTER_BROKER_CUT * 3) {
-        if claims_of(&mut conn, &a_name).await > 0 {
+        if claims_of(&mut conn, &a_name, table).await > 0 {
             last_claim = Some(cut_at.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -606,13 +606,21 @@ async fn broker_cut(
     drop(postgres);
 }
 
-/// How many claims the sessions named `application` hold: transactions that locked rows.
-async fn claims_of(conn: &mut PgConnection, application: &str) -> i64 {
+/// How many claims the sessions named `application` hold on `table`: transactions that locked
+/// its rows (a lock stronger than a reader's). The reporter's short transactions, which write
+/// the report table and only read this one, are not claims.
+async fn claims_of(
+    conn: &mut PgConnection,
+    application: &str,
+    table: &outbox_relay::table::OutboxTable,
+) -> i64 {
     sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-            AND backend_xid IS NOT NULL AND state IN ('idle in transaction', 'active')",
+        "SELECT count(DISTINCT a.pid) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid \
+          WHERE a.application_name = $1 AND a.backend_xid IS NOT NULL \
+            AND l.relation = $2::regclass AND l.mode <> 'AccessShareLock'",
     )
     .bind(application)
+    .bind(table.name.quoted())
     .fetch_one(conn)
     .await
     .expect("pg_stat_activity")
