@@ -34,6 +34,7 @@ pub mod registry;
 pub mod scaling_recorder;
 pub mod services;
 pub mod soak;
+pub mod sockets;
 pub mod standby;
 pub mod timeline;
 pub mod tls;

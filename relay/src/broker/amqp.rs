@@ -26,6 +26,7 @@ use super::{
     Target, Unconfirmed,
 };
 use crate::connect::secret_url::SecretUrl;
+use crate::connect::tcp_keepalive;
 
 /// What became of one publish before returned messages are matched up.
 enum Settled {
@@ -122,6 +123,8 @@ impl AmqpPublisher {
             .connect()
             .await
             .map_err(|e| classify(&e, &settings.tls, url).unwrap_or_else(|| unavailable(e)))?;
+        // lapin opens its socket itself; the heartbeat covers the AMQP side, this the TCP one.
+        tcp_keepalive::arm_new_sockets();
         let channel = match open_channel(&connection, &settings, url).await {
             Ok(channel) => channel,
             Err(e) => {

@@ -6,6 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::shared::{failure, init_logs, usage_error};
 use crate::config::{RunArgs, resolve_run};
+use crate::connect::tcp_keepalive;
 use crate::metrics::Metrics;
 use crate::runtime::run;
 use crate::runtime::suspend::Suspension;
@@ -27,6 +28,8 @@ pub async fn command(
         Err(e) => return usage_error(e),
     };
     init_logs(config.log_format);
+    // The relay's own connections notice a silent peer within the bound the server gets too.
+    tcp_keepalive::set_process_bound(config.db.session_bounds.dead_client);
     match run::run(config, otlp, Metrics::new(), shutdown, suspension).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_user_error() => usage_error(e),

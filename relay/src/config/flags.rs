@@ -48,8 +48,9 @@ pub struct TableArgs {
     pub idle_in_transaction_timeout: Option<Duration>,
     /// Within this the server ends the session of a relay whose connection went silent (a
     /// network partition, a node gone), so another relay takes its rows, e.g. 15s: server-side
-    /// TCP keepalives and tcp_user_timeout, set per session (at least 4s). Not sent under
-    /// --database-pool-mode transaction. Default: 15s.
+    /// TCP keepalives and tcp_user_timeout, set per session (at least 4s; not sent under
+    /// --database-pool-mode transaction). The relay's own connections to the database and the
+    /// broker get the same keepalives. Default: 15s.
     #[arg(long, env = "OUTBOX_RELAY_DEAD_CLIENT_TIMEOUT", value_parser = positive_duration)]
     pub dead_client_timeout: Option<Duration>,
     /// Outbox table, optionally schema-qualified (schema.table). Default: outbox_messages.

@@ -27,6 +27,8 @@ use rand::seq::SliceRandom;
 use sqlx::postgres::PgSslMode;
 use sqlx::{ConnectOptions, Connection, PgConnection, Row};
 
+use crate::connect::tcp_keepalive;
+
 use options::Resolved;
 use plan::{Host, Plan};
 use session_attrs::ServerRole;
@@ -103,7 +105,11 @@ async fn connect_choosing(
                 None => attempt.await,
             };
             let mut conn = match connected {
-                Ok(conn) => conn,
+                Ok(conn) => {
+                    // Before anything else is asked on it (see `tcp_keepalive`).
+                    tcp_keepalive::arm_new_sockets();
+                    conn
+                }
                 Err(e) => {
                     failures.push((host.endpoint.clone(), e));
                     continue;
@@ -212,6 +218,7 @@ pub async fn listener_pool(target: &DatabaseTarget) -> Result<sqlx::PgPool, Conn
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .after_connect(move |conn, _| {
+            tcp_keepalive::arm_new_sockets();
             let startup_options = startup_options.clone();
             Box::pin(
                 async move { tell_bounds(conn, bounds.as_ref(), startup_options.as_deref()).await },

@@ -25,6 +25,7 @@
 
 use std::time::Duration;
 
+use crate::connect::tcp_keepalive::Probes;
 use crate::defaults;
 
 /// How long the server lets a relay session be idle inside a transaction, and how long it
@@ -48,28 +49,10 @@ impl Default for SessionBounds {
     }
 }
 
-/// The keepalive probes of [`SessionBounds::dead_client`]: first after a third of it, then
-/// three more at equal steps over most of the rest, so the last goes unanswered within it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Keepalives {
-    pub idle_s: u64,
-    pub interval_s: u64,
-    pub count: u64,
-}
-
-/// Probes after an unanswered first one: PostgreSQL's `tcp_keepalives_count`.
-const PROBES: u64 = 3;
-
 impl SessionBounds {
-    pub fn keepalives(&self) -> Keepalives {
-        let total = self.dead_client.as_secs().max(PROBES + 1);
-        let idle_s = (total / 3).max(1);
-        let interval_s = ((total - idle_s) / PROBES).max(1);
-        Keepalives {
-            idle_s,
-            interval_s,
-            count: PROBES,
-        }
+    /// The server's keepalive probes, ending within [`SessionBounds::dead_client`].
+    pub fn keepalives(&self) -> Probes {
+        Probes::within(self.dead_client)
     }
 
     /// The settings, as PostgreSQL names and values (units spelled out).
@@ -139,19 +122,10 @@ mod tests {
     }
 
     #[test]
-    fn the_probes_end_within_the_dead_client_bound() {
-        for dead in [1, 2, 4, 5, 10, 15, 16, 30, 60, 600] {
-            let k = bounds(30, dead).keepalives();
-            let noticed = k.idle_s + k.interval_s * k.count;
-            assert!(
-                noticed <= dead.max(PROBES + 1),
-                "{dead}s: probes end at {noticed}s ({k:?})"
-            );
-            assert!(k.idle_s >= 1 && k.interval_s >= 1, "{k:?}");
-        }
+    fn the_server_probes_as_the_relay_does() {
         assert_eq!(
             bounds(30, 15).keepalives(),
-            Keepalives {
+            Probes {
                 idle_s: 5,
                 interval_s: 3,
                 count: 3

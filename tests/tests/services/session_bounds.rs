@@ -1,13 +1,15 @@
 //! Every relay session tells the server its bounds at connect (relay/src/database/
 //! session_bounds.rs): the settings are in force on the real server, a URL's own `options` keep
 //! their values, and a session that idles inside a transaction past its bound is ended by the
-//! server, its row locks released. The partition scenarios (partition.rs) show the keepalives.
+//! server, its row locks released; and the relay's own TCP connections, to PostgreSQL and to the
+//! broker, probe a silent peer within the same bound (relay/src/connect/tcp_keepalive.rs). The
+//! partition scenarios (partition.rs) show the keepalives at work.
 
 use std::time::{Duration, Instant};
 
 use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::database::{self, DatabaseTarget, SessionBounds};
-use outbox_tests::db;
+use outbox_tests::{db, process, sockets, unique};
 use sqlx::{Connection, PgConnection, Row};
 
 fn target(url: &str) -> DatabaseTarget {
@@ -120,4 +122,78 @@ async fn a_session_idle_in_its_transaction_past_the_bound_is_ended_and_its_locks
     );
     drop(tx);
     db::exec(&mut admin, &format!("DROP TABLE {table}")).await;
+}
+
+/// The port a URL names (both test URLs name theirs).
+fn port_of(url: &str) -> u16 {
+    url::Url::parse(url)
+        .expect("a URL")
+        .port()
+        .expect("the test URLs name their port")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relays_own_connections_notice_a_silent_peer_within_the_dead_client_bound() {
+    let name = unique("keepalive");
+    let table = db::table(&name);
+    let _conn = db::seeded_table(&table, 0).await;
+    let exchange = unique("keepalive_x");
+    let args = process::run_args(
+        &name,
+        &exchange,
+        &[
+            "--declare-exchange",
+            "topic",
+            "--workers",
+            "2",
+            "--dead-client-timeout",
+            "9s",
+        ],
+    );
+    let relay = process::spawn_relay(&name, &args);
+    let pid = relay.pid();
+    let database_port = port_of(&outbox_tests::database_url());
+    let broker_port = port_of(&outbox_tests::amqp_url());
+
+    // Two workers' sessions and the reporter's, and a broker connection per worker; each armed
+    // right after its connect, so one caught in its handshake is looked at again.
+    let mut last_seen = Vec::new();
+    let armed = outbox_tests::wait::until(
+        "every connection of the relay to PostgreSQL and the broker has its keepalives",
+        Duration::from_secs(30),
+        || {
+            last_seen = sockets::tcp_connections_of(pid)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|c| [database_port, broker_port].contains(&c.peer.port()))
+                .collect();
+            let to = |port: u16| last_seen.iter().filter(|c| c.peer.port() == port).count();
+            let ready = to(database_port) >= 3
+                && to(broker_port) >= 2
+                && last_seen.iter().all(|c| c.keepalive);
+            async move { ready }
+        },
+    )
+    .await;
+    assert!(
+        armed.is_ok(),
+        "{armed:?}: {last_seen:#?}\n{}",
+        relay.log_text()
+    );
+
+    // 9 s: the first probe after 3 s, three more 2 s apart; 9 s with data in flight.
+    for connection in &last_seen {
+        assert_eq!(connection.idle, Duration::from_secs(3), "{connection:?}");
+        assert_eq!(
+            connection.interval,
+            Duration::from_secs(2),
+            "{connection:?}"
+        );
+        assert_eq!(connection.probes, 3, "{connection:?}");
+        assert_eq!(
+            connection.user_timeout,
+            Some(Duration::from_secs(9)),
+            "{connection:?}"
+        );
+    }
 }

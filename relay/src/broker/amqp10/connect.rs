@@ -23,6 +23,7 @@ use tokio_rustls::rustls::pki_types::ServerName;
 use crate::broker::ConnectError;
 use crate::broker::tls::{BrokerTls, classify, with_password_file};
 use crate::connect::secret_url::SecretUrl;
+use crate::connect::tcp_keepalive;
 
 /// The IANA ports of AMQP 1.0 without and with TLS.
 const AMQP_PORT: u16 = 5672;
@@ -73,6 +74,7 @@ pub(super) async fn open(
         .await
         .map_err(unavailable)?;
     let _ = tcp.set_nodelay(true);
+    tcp_keepalive::arm(&tcp);
 
     let mut builder = Connection::builder()
         .container_id(container_id.to_string())
