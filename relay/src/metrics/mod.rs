@@ -3,11 +3,13 @@
 
 mod blocked_keys;
 mod broker;
+mod gauge_seat;
 mod registry;
 mod table_health;
 
 pub use blocked_keys::{BlockedKeys, KeyEvent};
 pub use broker::BrokerMetrics;
+pub use gauge_seat::GaugeSeat;
 pub use registry::registered;
 pub use table_health::TableHealthMetrics;
 

@@ -15,6 +15,7 @@ use tracing::warn;
 
 use super::claim::{ClaimStart, claim_query, decode_all, settling_claim_query};
 use super::message::{dead_letter, to_message};
+use super::publish_notices::{HoldBack, PublishNotices};
 pub use super::report::BatchReport;
 use super::report::ClaimFound;
 use super::row::{ClaimedRow, Malformed};
@@ -42,6 +43,8 @@ pub struct BatchSettings {
     /// Shared by the process's workers: at most this many batches are at the broker at once
     /// (see `--inflight-batches`); None publishes as soon as a batch is claimed.
     pub publish_slots: Option<Arc<Semaphore>>,
+    /// Shared by the process's workers: what a publish that just ended badly tells the next.
+    pub publish_notices: Arc<PublishNotices>,
     /// The bound on COMMIT (`--commit-timeout`), apart from [`DATABASE_TIMEOUT`]: a primary
     /// waiting for a synchronous standby that is gone never answers it.
     pub commit_timeout: Duration,
@@ -477,31 +480,28 @@ async fn publish_in_slot<P: Publisher>(
     };
     // While the slot was awaited another worker may have met the broker's alarm: publishing
     // now would only wait out the publish timeout with the rows locked. Given back instead.
-    if publisher.is_blocked()
-        || metrics.broker_blocked.get() > 0
-        || metrics.broker.blocked_publish_recently()
-    {
+    if publisher.is_blocked() || metrics.broker_blocked.get() > 0 {
         return BatchOutcome::not_sent(messages.len());
     }
-    // The same for a publish that just got no confirm on a connection older than it: this one
-    // most likely shares its silent path (a cut), and waiting out its own deadline would hold
-    // the rows that long again, once per worker queued for the slot. Reconnecting tells at
-    // once, without rows; a connection opened since (the timed-out worker's own new one) has
-    // proven the path already and publishes.
-    if metrics
-        .broker
-        .timed_out_publish_since(publisher.opened_at())
-    {
-        return BatchOutcome::not_sent_replacing(messages.len(), BrokerFailure::PeerTimedOut);
+    // The same for what the publish before this one found (see `publish_notices`): a blocked
+    // connection, or no confirm on a connection older than it, whose silent path this one most
+    // likely shares (a cut); waiting out its own deadline would hold the rows that long again,
+    // once per worker queued for the slot. Reconnecting tells at once, without rows.
+    match settings.publish_notices.hold_back(publisher.opened_at()) {
+        Some(HoldBack::Blocked) => return BatchOutcome::not_sent(messages.len()),
+        Some(HoldBack::PeerTimedOut) => {
+            return BatchOutcome::not_sent_replacing(messages.len(), BrokerFailure::PeerTimedOut);
+        }
+        None => {}
     }
     let started = Instant::now();
     let outcome = publisher.publish_batch(Target::Main, messages).await;
     if publisher.is_blocked() {
         // Before the slot goes to the next worker, whose own connection looks unblocked
         // until it publishes.
-        metrics.broker.note_blocked_publish();
+        settings.publish_notices.note_blocked();
     } else if matches!(outcome.broken, Some(BrokerFailure::ConfirmTimeout(_))) {
-        metrics.broker.note_timed_out_publish();
+        settings.publish_notices.note_timed_out();
     }
     drop(slot);
     metrics
@@ -661,6 +661,7 @@ mod tests {
             has_attempts_column: true,
             dead_letter_exchange: true,
             publish_slots: None,
+            publish_notices: Arc::default(),
             commit_timeout: crate::defaults::COMMIT_TIMEOUT,
             spans: None,
         }
@@ -709,6 +710,7 @@ mod tests {
         let metrics = Metrics::new();
         let settings = BatchSettings {
             publish_slots: Some(Arc::new(Semaphore::new(1))),
+            publish_notices: Arc::default(),
             ..settings()
         };
         let rows = [row()];
@@ -784,6 +786,7 @@ mod tests {
             has_attempts_column: true,
             dead_letter_exchange: false,
             publish_slots: None,
+            publish_notices: Arc::default(),
             commit_timeout: crate::defaults::COMMIT_TIMEOUT,
             spans: None,
         };

@@ -6,6 +6,7 @@ pub mod batch;
 pub mod claim;
 pub mod cursor;
 pub mod message;
+pub mod publish_notices;
 pub mod report;
 pub mod row;
 pub mod settle;

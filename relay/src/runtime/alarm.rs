@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::announce::Announcer;
+use crate::metrics::GaugeSeat;
 
 /// Why nothing is claimed while the broker blocks publishing, and what to look at.
 pub const BROKER_BLOCKED: &str = "the broker blocks publishing (connection.blocked: a memory or \
@@ -39,8 +40,7 @@ pub enum AlarmTurn {
 #[derive(Debug)]
 pub struct AlarmSeat {
     alarm: BrokerAlarm,
-    gauge: prometheus::IntGauge,
-    blocked: bool,
+    seat: GaugeSeat,
 }
 
 impl BrokerAlarm {
@@ -48,8 +48,7 @@ impl BrokerAlarm {
     pub fn seat(&self, gauge: prometheus::IntGauge) -> AlarmSeat {
         AlarmSeat {
             alarm: self.clone(),
-            gauge,
-            blocked: false,
+            seat: GaugeSeat::new(gauge),
         }
     }
 }
@@ -79,18 +78,15 @@ impl AlarmSeat {
         self.count(&mut blocked, false);
     }
 
+    /// The process's count and the gauge move together, under the caller's lock.
     fn count(&mut self, blocked: &mut usize, now: bool) {
-        if now == self.blocked {
-            return;
+        if self.seat.hold(now) {
+            if now {
+                *blocked += 1;
+            } else {
+                *blocked -= 1;
+            }
         }
-        if now {
-            *blocked += 1;
-            self.gauge.inc();
-        } else {
-            *blocked -= 1;
-            self.gauge.dec();
-        }
-        self.blocked = now;
     }
 }
 

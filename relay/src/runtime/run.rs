@@ -312,6 +312,7 @@ pub async fn run(
             dead_letter_exchange: config.dead_letter_exchange.is_some(),
             publish_slots: (config.inflight_batches > 0)
                 .then(|| Arc::new(Semaphore::new(config.inflight_batches))),
+            publish_notices: Arc::default(),
             commit_timeout: config.commit_timeout,
             spans: spans_export.as_ref().map(|(_, spans)| spans.clone()),
         },

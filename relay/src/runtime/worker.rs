@@ -16,7 +16,7 @@ use crate::broker::{ConnectError, Connector, Publisher};
 use crate::database::{
     DatabaseTarget, TRANSACTION_POOLING, behind_transaction_pooling, server_gone,
 };
-use crate::metrics::Metrics;
+use crate::metrics::{GaugeSeat, Metrics};
 use crate::protocol::batch::{BatchError, BatchSettings, ClaimFrom, run_batch_up_to};
 use crate::protocol::claim::ClaimStart;
 use crate::protocol::shared_cursor::SharedCursor;
@@ -82,42 +82,14 @@ impl<C> WorkerContext<C> {
 /// How often a worker looks again whether the broker still blocks publishing.
 const BLOCKED_RECHECK: Duration = Duration::from_secs(1);
 
-/// Tracks one connection's contribution to a "connected" gauge.
-struct ConnectedFlag {
-    gauge: prometheus::IntGauge,
-    up: bool,
-}
-
-impl ConnectedFlag {
-    fn new(gauge: prometheus::IntGauge) -> Self {
-        Self { gauge, up: false }
-    }
-
-    fn set(&mut self, up: bool) {
-        if up != self.up {
-            if up {
-                self.gauge.inc();
-            } else {
-                self.gauge.dec();
-            }
-            self.up = up;
-        }
-    }
-}
-
-impl Drop for ConnectedFlag {
-    fn drop(&mut self) {
-        self.set(false);
-    }
-}
-
 /// One of the worker's two connections, with its gauge and its backoff: the same reconnect
 /// rules for the database and the broker.
 struct Link<T> {
     /// "PostgreSQL" or "the broker", for the log lines.
     service: &'static str,
     connection: Option<T>,
-    flag: ConnectedFlag,
+    /// Its share of the "connected" gauge.
+    flag: GaugeSeat,
     backoff: Backoff,
 }
 
@@ -126,7 +98,7 @@ impl<T> Link<T> {
         Self {
             service,
             connection: None,
-            flag: ConnectedFlag::new(gauge),
+            flag: GaugeSeat::new(gauge),
             backoff: Backoff::default(),
         }
     }
@@ -142,7 +114,7 @@ impl<T> Link<T> {
                 info!("reconnected to {}", self.service);
             }
         }
-        self.flag.set(true);
+        self.flag.hold(true);
         Ok(())
     }
 
@@ -158,7 +130,7 @@ impl<T> Link<T> {
 
     /// Takes the connection away, e.g. for closing; the gauge counts it as down.
     fn take(&mut self) -> Option<T> {
-        self.flag.set(false);
+        self.flag.hold(false);
         self.connection.take()
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use lapin::ExchangeKind;
 use outbox_tests::ordering::{check, expected_order};
 use outbox_tests::partition::{Partition, Reach};
+use outbox_tests::process::RelayProcess;
 use outbox_tests::unix_proxy::UnixProxy;
 use outbox_tests::{broker, db, process, unique, wait};
 use sqlx::PgConnection;
@@ -232,30 +233,7 @@ async fn database_cut(
     let (cut_at, old_sessions) = loop {
         attempt += 1;
         assert!(attempt <= 3, "A held no claim at any of three cuts");
-        wait::until(
-            "both relays run, thousands of rows are processed and A holds a claim",
-            Duration::from_secs(60),
-            || {
-                let table = table.clone();
-                async move {
-                    let mut conn = db::connect().await;
-                    let pending = db::pending(&mut conn, &table).await;
-                    pending <= CUT_AT_PENDING
-                        && sessions_from(&mut conn, a_address)
-                            .await
-                            .iter()
-                            .any(Session::holds_claim)
-                }
-            },
-        )
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "{e}\nA:\n{}\nB:\n{}",
-                tail(&a.log_text()),
-                tail(&b.log_text())
-            )
-        });
+        until_a_holds_a_claim(table, &RelayA::From(a_address), &a, &b).await;
         partition.cut();
         let cut_at = Instant::now();
         // What was on its way still lands; then A's sessions stay as the cut left them.
@@ -481,26 +459,7 @@ async fn broker_cut(
     let mut b = process::spawn_relay(&format!("{name}_b"), &args);
 
     // Cut while A holds a claim, most likely one whose batch awaits the broker's confirms.
-    wait::until(
-        "both relays run, thousands of rows are processed and A holds a claim",
-        Duration::from_secs(60),
-        || {
-            let (table, a_name) = (table.clone(), a_name.clone());
-            async move {
-                let mut conn = db::connect().await;
-                db::pending(&mut conn, &table).await <= CUT_AT_PENDING
-                    && claims_of(&mut conn, &a_name, &table).await > 0
-            }
-        },
-    )
-    .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\nA:\n{}\nB:\n{}",
-            tail(&a.log_text()),
-            tail(&b.log_text())
-        )
-    });
+    until_a_holds_a_claim(table, &RelayA::Named(a_name.clone()), &a, &b).await;
     partition.cut();
     let cut_at = Instant::now();
     eprintln!(
@@ -604,6 +563,60 @@ async fn broker_cut(
     );
     consumer.close().await;
     drop(postgres);
+}
+
+/// How a test tells relay A's sessions: by their address, when A reaches the server over the
+/// partition's link, or by their application name, when it reaches it over a local socket.
+#[derive(Clone)]
+enum RelayA {
+    From(Ipv4Addr),
+    Named(String),
+}
+
+impl RelayA {
+    async fn holds_claim(
+        &self,
+        conn: &mut PgConnection,
+        table: &outbox_relay::table::OutboxTable,
+    ) -> bool {
+        match self {
+            RelayA::From(address) => sessions_from(conn, *address)
+                .await
+                .iter()
+                .any(Session::holds_claim),
+            RelayA::Named(application) => claims_of(conn, application, table).await > 0,
+        }
+    }
+}
+
+/// Waits (60 s at most) until both relays run, at most [`CUT_AT_PENDING`] rows are left and A
+/// holds a claim: the moment to cut.
+async fn until_a_holds_a_claim(
+    table: &outbox_relay::table::OutboxTable,
+    relay_a: &RelayA,
+    a: &RelayProcess,
+    b: &RelayProcess,
+) {
+    wait::until(
+        "both relays run, thousands of rows are processed and A holds a claim",
+        Duration::from_secs(60),
+        || {
+            let (table, relay_a) = (table.clone(), relay_a.clone());
+            async move {
+                let mut conn = db::connect().await;
+                db::pending(&mut conn, &table).await <= CUT_AT_PENDING
+                    && relay_a.holds_claim(&mut conn, &table).await
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nA:\n{}\nB:\n{}",
+            tail(&a.log_text()),
+            tail(&b.log_text())
+        )
+    });
 }
 
 /// How many claims the sessions named `application` hold on `table`: transactions that locked

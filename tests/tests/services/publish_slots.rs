@@ -79,6 +79,7 @@ fn settings(publish_slots: Option<Arc<Semaphore>>) -> BatchSettings {
         has_attempts_column: false,
         dead_letter_exchange: false,
         publish_slots,
+        publish_notices: Default::default(),
         commit_timeout: outbox_relay::defaults::COMMIT_TIMEOUT,
         spans: None,
     }

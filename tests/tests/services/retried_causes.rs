@@ -145,10 +145,7 @@ async fn an_untrusted_broker_certificate_is_said_once_a_minute_and_its_end_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_broker_port_is_said_once_a_minute() {
     // A port nothing listens on: bound, then released.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = outbox_tests::control_plane::free_port().expect("a free port");
     said_once_a_minute(Cause {
         name: "closedport",
         url: format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
@@ -254,10 +251,7 @@ async fn a_refused_database_login_is_said_once_a_minute_and_its_end_once() {
 /// The database's side when nothing answers: a port nothing listens on, for a minute.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_database_is_said_once_a_minute() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = outbox_tests::control_plane::free_port().expect("a free port");
     let mut url = url::Url::parse(&outbox_tests::database_url()).expect("DATABASE_URL is a URL");
     url.set_port(Some(port)).expect("a port");
     let name = unique("nodb");

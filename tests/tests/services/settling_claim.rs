@@ -95,6 +95,7 @@ async fn batch_of(
         has_attempts_column: true,
         dead_letter_exchange: false,
         publish_slots: None,
+        publish_notices: Default::default(),
         commit_timeout: outbox_relay::defaults::COMMIT_TIMEOUT,
         spans: None,
     };
