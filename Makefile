@@ -161,11 +161,11 @@ bench-smoke: services $(SMOKE_BINARIES)
 
 # Then the failover run: on a primary and synchronous standby of its own, failed over through one
 # address that moves, and on the three-node RabbitMQ cluster, whose nodes 2 and 3 are stopped or
-# killed (report-failover.md beside report.md).
+# killed or raise a memory or disk alarm (report-failover.md beside report.md).
 CHAOS_FAILOVER_ARGS ?= --rows 200000
 chaos: services release
 	$(BIN_DIR)/outbox-chaos $(CHAOS_ARGS)
-	$(BIN_DIR)/outbox-chaos --faults pg-failover,broker-node-loss,kill-9,pg-terminate,network-stall $(CHAOS_FAILOVER_ARGS)
+	$(BIN_DIR)/outbox-chaos --faults pg-failover,broker-node-loss,broker-alarm,kill-9,pg-terminate,network-stall $(CHAOS_FAILOVER_ARGS)
 
 ## scale: the operator with 1,000 suspended OutboxRelays over 10 databases on the real API server
 ## (tests/tests/long_operator_scale.rs, which make test runs with 100): time until all are Ready

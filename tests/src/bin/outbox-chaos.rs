@@ -12,7 +12,8 @@
 //! `broker-node-loss` the broker is the three-node RabbitMQ cluster
 //! (`outbox_tests::rabbit_cluster`): the relays are given all three nodes, the run's queue is a
 //! quorum queue, and nodes 2 and 3 are stopped or killed in turn while the consumer reads from
-//! node 1. With `partition`, relay 0 runs in a network namespace of its own
+//! node 1; `broker-alarm` raises a memory or disk alarm on node 2 or 3 there, which blocks
+//! publishing on the whole cluster, and clears it after a pause. With `partition`, relay 0 runs in a network namespace of its own
 //! (`outbox_tests::partition`), reaching `DATABASE_URL`'s server and the broker directly, and
 //! its link is taken down silently for a while, then healed.
 
@@ -32,7 +33,7 @@ use outbox_tests::chaos::leaks::leaks;
 use outbox_tests::chaos::report::{ChaosReport, FaultRecord, OrderingReport};
 use outbox_tests::ordering::{check, expected_order};
 use outbox_tests::partition::Partition;
-use outbox_tests::rabbit_cluster::{self, Lease};
+use outbox_tests::rabbit_cluster::{self, Alarm, Lease, Resource};
 use outbox_tests::standby::{Server, StandbyPair, Stop};
 use outbox_tests::{db, process, proxy, unique, wait};
 use rand::rngs::StdRng;
@@ -64,8 +65,8 @@ struct Cli {
     /// Fault kinds to inject (comma-separated): kill-9, broker-cut, broker-restart, pg-terminate,
     /// network-stall, partition (relay 0 cut off silently, then healed; not with pg-failover or
     /// broker-node-loss), pg-failover (which runs on a standby pair of the run's own), and
-    /// broker-node-loss (on the three-node RabbitMQ cluster; not with broker-cut or
-    /// broker-restart, which act on the single broker).
+    /// broker-node-loss and broker-alarm (on the three-node RabbitMQ cluster; not with
+    /// broker-cut or broker-restart, which act on the single broker).
     #[arg(
         long,
         value_delimiter = ',',
@@ -413,6 +414,29 @@ async fn inject(
                 everyone,
             )
         }
+        FaultKind::BrokerAlarm => {
+            let Broker::Cluster(_) = &run.broker else {
+                anyhow::bail!("broker-alarm needs the run's RabbitMQ cluster");
+            };
+            let node = rng.random_range(2..=3);
+            let resource = match rng.random_bool(0.5) {
+                true => Resource::Memory,
+                false => Resource::Disk,
+            };
+            let mut alarm = Alarm::prepare(node, resource).await;
+            alarm.raise().await;
+            let pause = Duration::from_millis(rng.random_range(2000..5000));
+            tokio::time::sleep(pause).await;
+            alarm.clear().await;
+            (
+                format!(
+                    "{} alarm on broker node {node}, cleared after {:.1} s",
+                    resource.name(),
+                    pause.as_secs_f64()
+                ),
+                everyone,
+            )
+        }
         FaultKind::Partition => {
             let Some((partition, _, cut_for)) = &run.partition else {
                 anyhow::bail!("partition needs relay 0 in a network namespace");
@@ -531,10 +555,10 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
         false => None,
     };
 
-    let broker = if kinds.contains(&FaultKind::BrokerNodeLoss) {
+    let broker = if kinds.iter().any(|kind| kind.needs_the_cluster()) {
         if kinds.contains(&FaultKind::BrokerCut) || kinds.contains(&FaultKind::BrokerRestart) {
             anyhow::bail!(
-                "broker-node-loss runs on the RabbitMQ cluster, broker-cut and broker-restart on the single broker: leave those out of --faults"
+                "broker-node-loss and broker-alarm run on the RabbitMQ cluster, broker-cut and broker-restart on the single broker: leave those out of --faults"
             );
         }
         let lease = Lease::take().await;
@@ -596,8 +620,8 @@ async fn chaos(cli: Cli) -> anyhow::Result<ChaosReport> {
     let partition = if kinds.contains(&FaultKind::Partition) {
         anyhow::ensure!(
             matches!((&database, &broker), (Database::Shared, Broker::Single)),
-            "partition runs on DATABASE_URL's server and the single broker: leave pg-failover and \
-             broker-node-loss out of --faults"
+            "partition runs on DATABASE_URL's server and the single broker: leave pg-failover, \
+             broker-node-loss and broker-alarm out of --faults"
         );
         // The server directly, as the proxy gives it to the others: password and name alike.
         let mut inside = url::Url::parse(&database.url())?;
@@ -823,11 +847,13 @@ async fn main() -> ExitCode {
             }
         };
     }
-    // A failover run's report (pg-failover, broker-node-loss) beside the other's: `make chaos`
+    // A failover run's report (pg-failover, the cluster's faults) beside the other's: `make chaos`
     // runs both.
-    let failover = [FaultKind::PgFailover, FaultKind::BrokerNodeLoss]
+    let failover = cli
+        .faults
         .iter()
-        .any(|kind| cli.faults.iter().any(|f| f == kind.name()));
+        .filter_map(|f| FaultKind::parse(f))
+        .any(|kind| kind == FaultKind::PgFailover || kind.needs_the_cluster());
     let stem = match failover {
         true => "report-failover",
         false => "report",

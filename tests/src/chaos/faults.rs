@@ -28,10 +28,14 @@ pub enum FaultKind {
     /// three) stopped gracefully or killed (-9), started again after a pause: the relays on it
     /// move to another node. Never node 1, where the recording consumer is.
     BrokerNodeLoss,
+    /// A memory or disk alarm raised on node 2 or 3 of that cluster, which stops publishing on
+    /// the whole cluster (`connection.blocked`), then cleared after a pause: the relays give
+    /// their claims back, hold no transaction while it lasts, and drain once it lifts.
+    BrokerAlarm,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::Kill9,
         FaultKind::BrokerCut,
         FaultKind::BrokerRestart,
@@ -40,6 +44,7 @@ impl FaultKind {
         FaultKind::PgFailover,
         FaultKind::BrokerNodeLoss,
         FaultKind::Partition,
+        FaultKind::BrokerAlarm,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,11 +57,17 @@ impl FaultKind {
             FaultKind::PgFailover => "pg-failover",
             FaultKind::BrokerNodeLoss => "broker-node-loss",
             FaultKind::Partition => "partition",
+            FaultKind::BrokerAlarm => "broker-alarm",
         }
     }
 
     pub fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.name() == text)
+    }
+
+    /// Whether it acts on the three-node RabbitMQ cluster rather than the tests' broker.
+    pub fn needs_the_cluster(self) -> bool {
+        matches!(self, FaultKind::BrokerNodeLoss | FaultKind::BrokerAlarm)
     }
 }
 
