@@ -28,6 +28,7 @@ use futures::future::FusedFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 
+pub mod address;
 mod connect;
 
 use connect::unavailable;
