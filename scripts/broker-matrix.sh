@@ -15,7 +15,7 @@ CARGO=${CARGO:-cargo}
 # returns, the dead-letter exchange and the dead-letters commands; per-key ordering behind a
 # refused message and a late commit; connections cut mid-run (rabbitmqctl); a full quorum queue's
 # nacks (x-overflow reject-publish); AMQP 1.0 to a queue and an exchange in each address format
-# the broker takes, and a missing one; trace context and CloudEvents read back by the SDK over
+# the broker takes, a missing one, and a full queue; trace context and CloudEvents read back by the SDK over
 # AMQP 0-9-1 and 1.0. Left to 3.10: the alarms, the three-node cluster, the once-a-minute causes.
 broker_tests=(
   relay_delivery::two_relay_processes relay_delivery::delete_mode
@@ -29,6 +29,7 @@ broker_tests=(
   per_key_ordering::a_late_commit
   broker_cluster::a_full_reject_publish_queue
   amqp10_delivery::rows_reach_rabbitmq_ amqp10_delivery::an_address_rabbitmq_does_not_have
+  amqp10_delivery::a_full_rabbitmq_queue
   trace_context::trace_context_reaches trace_context::cloudevents_binary_mode_is_decoded_by_the_sdk_from_rabbitmq
   trace_context::cloudevents_binary_mode_over_amqp10
 )

@@ -314,6 +314,79 @@ async fn an_address_rabbitmq_does_not_have_is_named_or_dropped_as_the_broker_doe
     }
 }
 
+/// A full quorum queue (`x-max-length` 20, `x-overflow: reject-publish`) behind an AMQP 1.0
+/// sender: the broker's state, not the messages' fault, so no row spends an attempt or is
+/// dead-lettered (`--max-attempts 2`), and once a consumer makes room every row arrives. Each
+/// broker says it its own way: RabbitMQ 4.0 answers `rejected` without a reason (where AMQP
+/// 0-9-1 nacks), counted as nacks with pauses; 3.10's plugin drops the whole connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_rabbitmq_queue_spends_no_attempt_over_amqp10() {
+    use lapin::types::AMQPValue;
+    const ROWS: u64 = 200;
+    let broker = TestBroker::current();
+    let name = unique("amqp10_full");
+    let mut table = db::table(&name);
+    table.columns.attempts = Some(Ident::new("attempts").unwrap());
+    let mut conn = db::seeded_table(&table, ROWS).await;
+    let arguments = rabbit_cluster::quorum(&[
+        ("x-max-length", AMQPValue::LongLongInt(20)),
+        ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+    ]);
+    rabbit_cluster::declare(&broker.amqp_url(), &name, arguments).await;
+    let address = broker.queue_address(&format!("{name}_q"));
+    let mut args = amqp10_args(&name, Broker::RabbitMq, &address);
+    args.retain(|a| *a != "--headers-column" && *a != "headers");
+    args.extend([
+        "--attempts-column",
+        "attempts",
+        "--max-attempts",
+        "2",
+        "--batch-size",
+        "10",
+        "--publish-timeout",
+        "2s",
+    ]);
+    let mut relay = process::spawn_relay(&name, &args);
+    let addr = relay.metrics_addr().await;
+    // The queue fills; what cannot go stays pending, with no attempt spent.
+    let full = wait::holds("the queue is full", Duration::from_secs(30), || async {
+        tally(&mut db::connect().await, &table).await.0 >= 20
+    })
+    .await;
+    assert!(full, "{}", relay.log_text());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, dead, pending, attempts) = tally(&mut conn, &table).await;
+    assert_eq!(
+        (dead, attempts),
+        (0, 0),
+        "{}: a full queue spent attempts:\n{}",
+        broker.name(),
+        relay.log_text()
+    );
+    assert!(pending > 0, "{}", relay.log_text());
+    if broker == TestBroker::Rabbitmq4 {
+        let (_, text) = http::get(&addr, "/metrics").await;
+        let nacks = outbox_tests::metrics::value(
+            &text,
+            "outbox_relay_publish_failures_total{reason=\"nack\"}",
+        );
+        assert!(nacks.is_some_and(|n| n > 0.0), "no nack counted:\n{text}");
+        assert!(relay.log_text().contains("the broker nacked"));
+    }
+
+    let consumer = amqp10::consume(broker.amqp10_url(), &address).await;
+    let drained = db::wait_until_drained(&table, Duration::from_secs(120)).await;
+    assert!(drained, "{}", relay.log_text());
+    let arrived = wait::holds("every row arrived", Duration::from_secs(30), || async {
+        consumer.distinct() as u64 >= ROWS
+    })
+    .await;
+    assert!(arrived, "{} of {ROWS} arrived", consumer.distinct());
+    assert_eq!(tally(&mut conn, &table).await, (ROWS as i64, 0, 0, 0));
+    assert_eq!(relay.terminate(Duration::from_secs(20)).await, Some(0));
+    consumer.stop().await;
+}
+
 /// Rows of a table with an attempts column, and how many are settled, pending or carry an
 /// error: (published without error, dead-lettered with error, pending, attempts spent).
 async fn tally(conn: &mut sqlx::PgConnection, table: &OutboxTable) -> (i64, i64, i64, i64) {
