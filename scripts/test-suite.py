@@ -11,9 +11,10 @@ another, as `cargo test --workspace` does, they took about 9 of the 12 minutes o
    tables, exchanges and databases, so they cannot see each other.
 2. Then, one at a time as before, whatever keeps the CPU busy: the unit tests, every other test
    target (found with `cargo metadata`, so a new one is never left out), the operator's database
-   tests once more against database `postgres`, and the PostgreSQL matrix. The services binary,
-   for one, keeps both cores busy for its 3 minutes, and the autoscaling scenarios would measure
-   the machine rather than the operator if it ran beside them.
+   tests once more against database `postgres`, the PostgreSQL matrix and the broker matrix
+   (RabbitMQ 4.0). The services binary, for one, keeps both cores busy for its 3 minutes, and
+   the autoscaling scenarios would measure the machine rather than the operator if it ran
+   beside them.
 
 Each job's output is printed whole when it ends, one job after another, never interleaved; a
 failed job's is printed again at the end. TEST_LANES=1 runs phase 1 one binary at a time.
@@ -228,6 +229,8 @@ def plan():
     ))
     # The tests that touch PostgreSQL's behaviour, against every other major services.sh runs.
     busy.append(Job("PostgreSQL matrix", ["./scripts/postgres-matrix.sh"]))
+    # The tests of the broker's behaviour, against RabbitMQ 4.0 beside 3.10.
+    busy.append(Job("broker matrix (RabbitMQ 4.0)", ["./scripts/broker-matrix.sh"]))
     return waiting, busy
 
 

@@ -1,5 +1,6 @@
-//! An AMQP 1.0 consumer on a real broker (RabbitMQ's AMQP 1.0 plugin, ActiveMQ Artemis) that
-//! records every message it receives, as a consumer of the relay's messages would see them.
+//! An AMQP 1.0 consumer on a real broker (RabbitMQ 3.10's AMQP 1.0 plugin, RabbitMQ 4's core
+//! AMQP 1.0, ActiveMQ Artemis) that records every message it receives, as a consumer of the
+//! relay's messages would see them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,11 +12,10 @@ use fe2o3_amqp::types::primitives::{Array, SimpleValue, Symbol, Value};
 use fe2o3_amqp::{Connection, Receiver, Session};
 use uuid::Uuid;
 
-use crate::ports::{ARTEMIS_MODIFIED_PORT, ARTEMIS_PORT, ARTEMIS_TLS_PORT, RABBITMQ_PORT};
+use crate::ports::{ARTEMIS_MODIFIED_PORT, ARTEMIS_PORT, ARTEMIS_TLS_PORT};
 
-/// The brokers the tests reach: RabbitMQ's plugin shares its port with AMQP 0-9-1; Artemis
-/// listens on a port of its own (see scripts/services.sh).
-pub const RABBITMQ_URL: &str = formatcp!("amqp://guest:guest@127.0.0.1:{RABBITMQ_PORT}");
+/// Artemis, on a port of its own (see scripts/services.sh). RabbitMQ's AMQP 1.0 shares its port
+/// with AMQP 0-9-1: `crate::test_broker::TestBroker::amqp10_url`, of the broker the tests meet.
 pub const ARTEMIS_URL: &str = formatcp!("amqp://outbox:outbox@127.0.0.1:{ARTEMIS_PORT}");
 /// The same Artemis, on the acceptor that answers `modified` for a full address.
 pub const ARTEMIS_MODIFIED_URL: &str =

@@ -42,15 +42,16 @@ pub struct Consumer {
     connection: Connection,
 }
 
-/// Declares a durable queue `name` on RabbitMQ (for AMQP 1.0 senders, which need an existing
-/// queue at /amq/queue/NAME on RabbitMQ 3.x).
+/// Declares a durable queue `name` on the tests' RabbitMQ (for AMQP 1.0 senders, which need an
+/// existing queue: at /amq/queue/NAME on RabbitMQ 3.x, /queues/NAME on 4.x).
 pub async fn declare_queue(name: &str) {
-    let connection = Connection::connect(&crate::amqp_url(), ConnectionProperties::default())
+    let url = crate::amqp_url();
+    let connection = Connection::connect(&url, ConnectionProperties::default())
         .await
-        .expect(const_format::formatcp!(
-            "RabbitMQ must run on 127.0.0.1:{} (make services)",
-            crate::ports::RABBITMQ_PORT
-        ));
+        .unwrap_or_else(|e| {
+            let broker = crate::test_broker::TestBroker::current().name();
+            panic!("{broker} must run at {url} (make services): {e}")
+        });
     let channel = connection.create_channel().await.unwrap();
     durable_queue(&channel, name).await;
     let _ = connection.close(0, "declared".into()).await;
@@ -304,7 +305,9 @@ impl Consumer {
 /// Closes every broker connection whose client-provided name contains `needle` (the relay
 /// names its connections `outbox-relay <relay> <pod>`), like an operator cutting them.
 pub fn close_connections_named(needle: &str) -> usize {
-    let output = std::process::Command::new("rabbitmqctl")
+    let broker = crate::test_broker::TestBroker::current();
+    let output = broker
+        .rabbitmqctl()
         .args(["-q", "list_connections", "pid", "client_properties"])
         .output()
         .expect("rabbitmqctl must be installed");
@@ -314,7 +317,8 @@ pub fn close_connections_named(needle: &str) -> usize {
         let Some(pid) = line.split_whitespace().next() else {
             continue;
         };
-        let status = std::process::Command::new("rabbitmqctl")
+        let status = broker
+            .rabbitmqctl()
             .args(["-q", "close_connection", pid, "test cuts the connection"])
             .status()
             .expect("rabbitmqctl close_connection");

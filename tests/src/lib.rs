@@ -36,6 +36,7 @@ pub mod services;
 pub mod soak;
 pub mod sockets;
 pub mod standby;
+pub mod test_broker;
 pub mod timeline;
 pub mod tls;
 pub mod unix_proxy;
@@ -84,6 +85,8 @@ pub fn database_url_of(database: &str) -> String {
     url.to_string()
 }
 
+/// The AMQP 0-9-1 URL of the broker the tests meet ([`test_broker`]: 3.10 unless the broker
+/// matrix chose 4.0).
 pub fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| AMQP_URL.to_string())
+    test_broker::TestBroker::current().amqp_url()
 }

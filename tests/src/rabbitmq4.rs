@@ -1,5 +1,6 @@
 //! RabbitMQ 4.0 (Debian 13's, run from a Debian 13 root of its own) beside the tests' 3.10:
-//! `scripts/services.sh rabbitmq4` makes and starts it, and only the tests that need it start it,
+//! `scripts/services.sh rabbitmq4` makes and starts it, and only the tests that need it start it:
+//! the broker matrix's through `crate::test_broker` (`OUTBOX_TEST_BROKER=rabbitmq4`), others
 //! through [`up`]. Its URLs come from the ports in `scripts/services/ports.env`.
 
 use const_format::formatcp;

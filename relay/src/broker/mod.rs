@@ -110,8 +110,9 @@ pub enum Unconfirmed {
     /// example a full queue) and said it may be sent again.
     #[error("released by the broker without being taken")]
     Released,
-    /// A `basic.nack`: the broker's state (no quorum, a full queue that rejects publishes), not
-    /// the message's fault. The row stays pending, no attempt is spent, the worker pauses.
+    /// A `basic.nack`, or RabbitMQ 4's AMQP 1.0 `rejected` without a reason: the broker's state
+    /// (no quorum, a full queue that rejects publishes), not the message's fault. The row stays
+    /// pending, no attempt is spent, the worker pauses.
     #[error("negatively acknowledged (basic.nack) by the broker")]
     Nacked,
 }

@@ -65,7 +65,8 @@ pub(super) fn amqp10_only(
         ConfigError::new(
             "address",
             "is missing; --broker-protocol amqp10 sends to an address (a queue or topic, e.g. \
-             orders or /amq/queue/orders on RabbitMQ): pass --address or set OUTBOX_RELAY_ADDRESS",
+             orders, or /queues/orders on RabbitMQ 4 and /amq/queue/orders on 3.x): pass \
+             --address or set OUTBOX_RELAY_ADDRESS",
         )
     })?;
     if address.trim().is_empty() {

@@ -219,8 +219,9 @@ pub struct RunArgs {
     /// PEM (PKCS#8) private key of --broker-client-cert.
     #[arg(long, env = "BROKER_CLIENT_KEY", value_name = "FILE")]
     pub broker_client_key: Option<PathBuf>,
-    /// AMQP 1.0 target address: a queue or topic (Service Bus: the entity path; RabbitMQ:
-    /// e.g. /amq/queue/NAME). Required with --broker-protocol amqp10.
+    /// AMQP 1.0 target address: a queue or topic (Service Bus: the entity path; RabbitMQ 4:
+    /// /queues/NAME or /exchanges/NAME/KEY; RabbitMQ 3.x: /amq/queue/NAME). Required with
+    /// --broker-protocol amqp10.
     #[arg(long, env = "OUTBOX_RELAY_ADDRESS")]
     pub address: Option<String>,
     /// Exchange to publish to ("" is the default exchange). Default: outbox.

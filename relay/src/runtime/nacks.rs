@@ -54,8 +54,9 @@ impl NackPause {
         if self.nacked == 0 {
             warn!(
                 nacked = report.nacked,
-                "the broker nacked {} message(s) (basic.nack: a quorum queue without a majority \
-                 of its nodes, or a full queue with x-overflow reject-publish); they stay \
+                "the broker nacked {} message(s) (a basic.nack, or RabbitMQ 4's AMQP 1.0 \
+                 rejected without a reason: a quorum queue without a majority of its nodes, or \
+                 a full queue with x-overflow reject-publish); they stay \
                  pending, spend no attempt, and go again after a pause of up to {MAX:?} while \
                  the broker takes nothing",
                 report.nacked

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, instrument, warn};
 
 use crate::broker::amqp::{AmqpConnector, AmqpSettings};
+use crate::broker::amqp10::address::AddressFormat;
 use crate::broker::amqp10::{Amqp10Connector, Amqp10Settings};
 use crate::broker::nodes::NodeList;
 use crate::broker::{BrokerProtocol, Connector};
@@ -356,8 +357,12 @@ pub async fn run(
             spawn_workers(&mut workers, shared.with_broker(connector), config.workers);
         }
         BrokerProtocol::Amqp10 => {
+            let address = config.address.clone().unwrap_or_default();
+            // Which format the address is in, once: RabbitMQ 4 deprecates 3.x's.
+            let format = AddressFormat::of(&address);
+            info!(%address, format = format.label(), "{}", format.describe(&address));
             let settings = Amqp10Settings {
-                address: config.address.clone().unwrap_or_default(),
+                address,
                 timeout: config.publish_timeout,
                 content_type,
                 container_id: connection_name,

@@ -1,7 +1,8 @@
 //! `--broker-protocol amqp10` against two real AMQP 1.0 brokers that scripts/services.sh
-//! starts: RabbitMQ's AMQP 1.0 plugin and ActiveMQ Artemis. Rows reach an AMQP 1.0 consumer
-//! exactly once with the message properties the docs promise, nothing stays pending, and a
-//! target the broker does not have is named on /readyz.
+//! starts: RabbitMQ (3.10's AMQP 1.0 plugin, or 4.0's core AMQP 1.0 under the broker matrix,
+//! `crate::test_broker`) and ActiveMQ Artemis. Rows reach an AMQP 1.0 consumer exactly once with
+//! the message properties the docs promise, at each address format the broker takes, nothing
+//! stays pending, and a target the broker does not have is named on /readyz.
 
 use std::time::Duration;
 
@@ -9,10 +10,11 @@ use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::Ident;
 use outbox_tests::amqp10::{
     self, ARTEMIS_FULL_PREFIX, ARTEMIS_MODIFIED_URL, ARTEMIS_REFUSED_PREFIX, ARTEMIS_TLS_URL,
-    ARTEMIS_URL, PrivateArtemis, RABBITMQ_URL,
+    ARTEMIS_URL, PrivateArtemis,
 };
 use outbox_tests::ports::PRIVATE_ARTEMIS_PORT;
-use outbox_tests::{broker, db, http, process, proxy, unique, wait};
+use outbox_tests::test_broker::{self, TestBroker};
+use outbox_tests::{broker, db, http, process, proxy, rabbit_cluster, unique, wait};
 
 const ROWS: u64 = 100_000;
 
@@ -26,18 +28,19 @@ enum Broker {
 impl Broker {
     fn url(self) -> &'static str {
         match self {
-            Broker::RabbitMq => RABBITMQ_URL,
+            Broker::RabbitMq => TestBroker::current().amqp10_url(),
             Broker::Artemis => ARTEMIS_URL,
         }
     }
 
-    /// A fresh queue and the address that reaches it. RabbitMQ 3.10's plugin sends to an
-    /// existing queue at /amq/queue/NAME; Artemis creates the queue of an address on demand.
+    /// A fresh queue and the address that reaches it. RabbitMQ sends to an existing queue, at
+    /// /amq/queue/NAME on 3.10's plugin and /queues/NAME on 4.0; Artemis creates the queue of
+    /// an address on demand.
     async fn queue(self, name: &str) -> String {
         match self {
             Broker::RabbitMq => {
                 broker::declare_queue(name).await;
-                format!("/amq/queue/{name}")
+                TestBroker::current().queue_address(name)
             }
             Broker::Artemis => name.to_string(),
         }
@@ -163,6 +166,225 @@ async fn an_address_the_broker_refuses_is_named_on_readyz() {
     .await;
     assert!(named.is_ok(), "{}", relay.log_text());
     assert_eq!(db::pending(&mut conn, &table).await, 10);
+}
+
+/// `rows` rows sent over AMQP 1.0 to RabbitMQ at `address`, read back by an AMQP 1.0 consumer
+/// from `queue`: each arrives once, nothing stays pending. Returns the relay's log.
+async fn rabbitmq_delivers_each_row_once(
+    name: &str,
+    address: &str,
+    queue: &str,
+    rows: u64,
+) -> String {
+    let table = db::table(name);
+    let _conn = db::seeded_table(&table, rows).await;
+    let broker = TestBroker::current();
+    let consumer = amqp10::consume(broker.amqp10_url(), queue).await;
+    let mut args = amqp10_args(name, Broker::RabbitMq, address);
+    args.retain(|a| *a != "--headers-column" && *a != "headers");
+    let mut relay = process::spawn_relay(name, &args);
+    let drained = db::wait_until_drained(&table, Duration::from_secs(60)).await;
+    assert!(
+        drained,
+        "{}: rows sent to {address} still pending:\n{}",
+        broker.name(),
+        relay.log_text()
+    );
+    let arrived = wait::holds(
+        "every row reached the AMQP 1.0 consumer",
+        Duration::from_secs(30),
+        || async { consumer.distinct() as u64 >= rows },
+    )
+    .await;
+    assert!(
+        arrived,
+        "{}: {} of {rows} rows sent to {address} arrived",
+        broker.name(),
+        consumer.distinct()
+    );
+    assert_eq!(relay.terminate(Duration::from_secs(20)).await, Some(0));
+    // A late duplicate has a moment to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(consumer.duplicates(), 0, "ids sent to {address} twice");
+    assert_eq!(consumer.total(), rows, "messages sent to {address}");
+    consumer.stop().await;
+    relay.log_text()
+}
+
+/// Every address format RabbitMQ takes delivers: an exchange and its routing key in the v1
+/// format (`/exchange/NAME/KEY`) on both, and on 4.0 also the v2 ones (`/exchanges/NAME/KEY`),
+/// and a queue's v1 address, which 4.0.5 still takes (the deprecated feature `amqp_address_v1`
+/// is permitted by default). A queue's own format is `rows_reach_rabbitmq_over_amqp10_…`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_reach_rabbitmq_at_each_address_format_it_takes() {
+    let broker = TestBroker::current();
+    let mut formats = vec!["v1 exchange"];
+    if broker == TestBroker::Rabbitmq4 {
+        formats.extend(["v2 exchange", "v1 queue"]);
+    }
+    for format in formats {
+        let name = unique("amqp10_format");
+        // A fanout exchange NAME and its queue NAME_q.
+        rabbit_cluster::declare(&broker.amqp_url(), &name, Default::default()).await;
+        let queue = format!("{name}_q");
+        // The address, and what the relay's start line says of it.
+        let (address, says) = match format {
+            "v1 exchange" => (
+                format!("/exchange/{name}/orders.created"),
+                format!(
+                    "v1 address format, which RabbitMQ 4 deprecates and refuses where amqp_address_v1 is not permitted; for RabbitMQ 4, give --address /exchanges/{name}/orders.created"
+                ),
+            ),
+            "v2 exchange" => (
+                format!("/exchanges/{name}/orders.created"),
+                "v2 address format, an exchange".to_string(),
+            ),
+            _ => (
+                test_broker::v1_queue_address(&queue),
+                format!("give --address /queues/{queue}"),
+            ),
+        };
+        let log =
+            rabbitmq_delivers_each_row_once(&name, &address, &broker.queue_address(&queue), 300)
+                .await;
+        let line = format!("AMQP 1.0 target {address}: ");
+        let said: Vec<_> = log.lines().filter(|l| l.contains(&line)).collect();
+        assert!(
+            said.len() == 1 && said[0].contains(&says) && said[0].contains(" INFO "),
+            "{format}: the start line says {says:?} once:\n{log}"
+        );
+    }
+}
+
+/// An address RabbitMQ does not have, as each broker answers it. 4.0 ends the session at the
+/// attach with amqp:not-found, for a queue and for an exchange alike: the relay names the
+/// address on /readyz (`AddressNotFound`, "create it, or fix --address") and claims nothing.
+/// 3.10's plugin attaches a sender to a missing /amq/queue/NAME and drops what it is sent (the
+/// README says so): the rows are settled and nothing is said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_rabbitmq_does_not_have_is_named_or_dropped_as_the_broker_does() {
+    let broker = TestBroker::current();
+    let absent = unique("amqp10_absent");
+    let addresses = match broker {
+        TestBroker::Rabbitmq3 => vec![test_broker::v1_queue_address(&absent)],
+        TestBroker::Rabbitmq4 => vec![
+            test_broker::v2_queue_address(&absent),
+            format!("/exchanges/{absent}/orders.created"),
+        ],
+    };
+    for address in addresses {
+        let name = unique("amqp10_missing");
+        let table = db::table(&name);
+        let mut conn = db::seeded_table(&table, 10).await;
+        let mut args = amqp10_args(&name, Broker::RabbitMq, &address);
+        args.retain(|a| *a != "--headers-column" && *a != "headers");
+        let mut relay = process::spawn_relay(&name, &args);
+        let addr = relay.metrics_addr().await;
+        match broker {
+            TestBroker::Rabbitmq3 => {
+                let drained = db::wait_until_drained(&table, Duration::from_secs(30)).await;
+                assert!(drained, "{address}:\n{}", relay.log_text());
+                let (code, body) = http::get(&addr, "/readyz").await;
+                assert_eq!(code, 200, "{address}: {body}");
+            }
+            TestBroker::Rabbitmq4 => {
+                let expected = format!(
+                    "not ready (AddressNotFound): address {address} does not exist on the broker"
+                );
+                let named = wait::holds(
+                    "/readyz names the missing address",
+                    Duration::from_secs(30),
+                    || async {
+                        let (code, body) = http::get(&addr, "/readyz").await;
+                        code == 503 && body.contains(&expected) && body.contains("--address")
+                    },
+                )
+                .await;
+                let (_, body) = http::get(&addr, "/readyz").await;
+                assert!(named, "{body}\n{}", relay.log_text());
+                assert_eq!(db::pending(&mut conn, &table).await, 10, "{address}");
+                assert!(
+                    !relay.log_text().contains("cannot reach the broker"),
+                    "{address} is no outage:\n{}",
+                    relay.log_text()
+                );
+            }
+        }
+        assert_eq!(relay.terminate(Duration::from_secs(20)).await, Some(0));
+    }
+}
+
+/// A full quorum queue (`x-max-length` 20, `x-overflow: reject-publish`) behind an AMQP 1.0
+/// sender: the broker's state, not the messages' fault, so no row spends an attempt or is
+/// dead-lettered (`--max-attempts 2`), and once a consumer makes room every row arrives. Each
+/// broker says it its own way: RabbitMQ 4.0 answers `rejected` without a reason (where AMQP
+/// 0-9-1 nacks), counted as nacks with pauses; 3.10's plugin drops the whole connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_rabbitmq_queue_spends_no_attempt_over_amqp10() {
+    use lapin::types::AMQPValue;
+    const ROWS: u64 = 200;
+    let broker = TestBroker::current();
+    let name = unique("amqp10_full");
+    let mut table = db::table(&name);
+    table.columns.attempts = Some(Ident::new("attempts").unwrap());
+    let mut conn = db::seeded_table(&table, ROWS).await;
+    let arguments = rabbit_cluster::quorum(&[
+        ("x-max-length", AMQPValue::LongLongInt(20)),
+        ("x-overflow", AMQPValue::LongString("reject-publish".into())),
+    ]);
+    rabbit_cluster::declare(&broker.amqp_url(), &name, arguments).await;
+    let address = broker.queue_address(&format!("{name}_q"));
+    let mut args = amqp10_args(&name, Broker::RabbitMq, &address);
+    args.retain(|a| *a != "--headers-column" && *a != "headers");
+    args.extend([
+        "--attempts-column",
+        "attempts",
+        "--max-attempts",
+        "2",
+        "--batch-size",
+        "10",
+        "--publish-timeout",
+        "2s",
+    ]);
+    let mut relay = process::spawn_relay(&name, &args);
+    let addr = relay.metrics_addr().await;
+    // The queue fills; what cannot go stays pending, with no attempt spent.
+    let full = wait::holds("the queue is full", Duration::from_secs(30), || async {
+        tally(&mut db::connect().await, &table).await.0 >= 20
+    })
+    .await;
+    assert!(full, "{}", relay.log_text());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, dead, pending, attempts) = tally(&mut conn, &table).await;
+    assert_eq!(
+        (dead, attempts),
+        (0, 0),
+        "{}: a full queue spent attempts:\n{}",
+        broker.name(),
+        relay.log_text()
+    );
+    assert!(pending > 0, "{}", relay.log_text());
+    if broker == TestBroker::Rabbitmq4 {
+        let (_, text) = http::get(&addr, "/metrics").await;
+        let nacks = outbox_tests::metrics::value(
+            &text,
+            "outbox_relay_publish_failures_total{reason=\"nack\"}",
+        );
+        assert!(nacks.is_some_and(|n| n > 0.0), "no nack counted:\n{text}");
+        assert!(relay.log_text().contains("the broker nacked"));
+    }
+
+    let consumer = amqp10::consume(broker.amqp10_url(), &address).await;
+    let drained = db::wait_until_drained(&table, Duration::from_secs(120)).await;
+    assert!(drained, "{}", relay.log_text());
+    let arrived = wait::holds("every row arrived", Duration::from_secs(30), || async {
+        consumer.distinct() as u64 >= ROWS
+    })
+    .await;
+    assert!(arrived, "{} of {ROWS} arrived", consumer.distinct());
+    assert_eq!(tally(&mut conn, &table).await, (ROWS as i64, 0, 0, 0));
+    assert_eq!(relay.terminate(Duration::from_secs(20)).await, Some(0));
+    consumer.stop().await;
 }
 
 /// Rows of a table with an attempts column, and how many are settled, pending or carry an

@@ -209,8 +209,10 @@ async fn connect(url: &str, settings: AmqpSettings) -> Result<AmqpPublisher, Con
     AmqpPublisher::connect(&url, settings).await
 }
 
+/// `rabbitmqctl -q ARGS` on the broker the tests meet (3.10's, or 4.0's under the broker matrix).
 fn rabbitmqctl(args: &[&str]) {
-    let status = std::process::Command::new("rabbitmqctl")
+    let status = outbox_tests::test_broker::TestBroker::current()
+        .rabbitmqctl()
         .arg("-q")
         .args(args)
         .status()

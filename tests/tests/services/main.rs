@@ -35,7 +35,6 @@ mod per_key_ordering;
 mod pg_failover;
 mod pgbouncer;
 mod publish_slots;
-mod rabbitmq4;
 mod rate_limit;
 mod relay_delivery;
 mod relay_faults;

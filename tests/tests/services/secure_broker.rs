@@ -1,7 +1,8 @@
 //! The broker as production connects to it: AMQPS against a private CA given as a file, login by
 //! client certificate (RabbitMQ's EXTERNAL), a password file read at each connect, and refusals
-//! that name the option to change without showing a secret. RabbitMQ's TLS listener and
-//! Artemis' are the ones `scripts/services.sh` sets up.
+//! that name the option to change without showing a secret. RabbitMQ's TLS listener (3.10's, or
+//! 4.0's under the broker matrix: `outbox_tests::test_broker`) and Artemis' are the ones
+//! `scripts/services.sh` sets up.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,12 +15,20 @@ use outbox_relay::broker::tls::{BrokerTls, ClientCert};
 use outbox_relay::broker::{ConnectError, Publisher, Refusal};
 use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_tests::amqp10::{ARTEMIS_TLS_URL, artemis_ca};
-use outbox_tests::ports::{PG_PORT, RABBITMQ_TLS_PORT};
+use outbox_tests::ports::PG_PORT;
+use outbox_tests::test_broker::TestBroker;
 use outbox_tests::{broker, db, process, tls, unique};
 
-const AMQPS: &str = formatcp!("amqps://guest:guest@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f");
-const EXTERNAL: &str =
-    formatcp!("amqps://outbox_cert@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f?auth_mechanism=external");
+/// The tests' RabbitMQ inside TLS, logged in as `user` (`guest:PASSWORD`, or `outbox_cert`).
+fn amqps(user: &str) -> String {
+    let port = TestBroker::current().tls_port();
+    format!("amqps://{user}@127.0.0.1:{port}/%2f")
+}
+
+/// Logged in by the test client certificate (EXTERNAL, user `outbox_cert`).
+fn external() -> String {
+    format!("{}?auth_mechanism=external", amqps("outbox_cert"))
+}
 
 fn trusting(ca: &str) -> BrokerTls {
     BrokerTls {
@@ -72,13 +81,14 @@ fn refusal(outcome: Result<AmqpPublisher, ConnectError>) -> (Refusal, String) {
 
 #[tokio::test]
 async fn amqps_trusts_the_ca_file_and_names_it_when_it_is_the_wrong_one() {
-    let publisher = rabbit(AMQPS, trusting("ca.pem"), None)
+    let url = amqps("guest:guest");
+    let publisher = rabbit(&url, trusting("ca.pem"), None)
         .await
         .expect("AMQPS with the CA file");
     assert!(publisher.is_connected());
     publisher.close().await;
 
-    let (kind, message) = refusal(rabbit(AMQPS, trusting("other-ca.pem"), None).await);
+    let (kind, message) = refusal(rabbit(&url, trusting("other-ca.pem"), None).await);
     assert_eq!(kind, Refusal::Tls, "{message}");
     assert!(
         message.contains("--broker-ca-file") && message.contains("other-ca.pem"),
@@ -86,7 +96,7 @@ async fn amqps_trusts_the_ca_file_and_names_it_when_it_is_the_wrong_one() {
     );
 
     // No CA file: the system's store does not know the test CA.
-    let (kind, message) = refusal(rabbit(AMQPS, BrokerTls::default(), None).await);
+    let (kind, message) = refusal(rabbit(&url, BrokerTls::default(), None).await);
     assert_eq!(kind, Refusal::Tls, "{message}");
     assert!(message.contains("--broker-ca-file"), "{message}");
 
@@ -95,7 +105,7 @@ async fn amqps_trusts_the_ca_file_and_names_it_when_it_is_the_wrong_one() {
         ca_file: Some("/nonexistent/ca.pem".into()),
         ..Default::default()
     };
-    let (kind, message) = refusal(rabbit(AMQPS, missing, None).await);
+    let (kind, message) = refusal(rabbit(&url, missing, None).await);
     assert_eq!(kind, Refusal::Settings, "{message}");
     assert!(message.contains("/nonexistent/ca.pem"), "{message}");
 }
@@ -108,7 +118,8 @@ async fn amqps_trusts_the_ca_file_and_names_it_when_it_is_the_wrong_one() {
 #[tokio::test]
 async fn a_certificate_for_another_host_is_refused_naming_the_host() {
     let secret = "H0st-S3cret";
-    let url = format!("amqps://guest:{secret}@localhost:{RABBITMQ_TLS_PORT}/%2f");
+    let port = TestBroker::current().tls_port();
+    let url = format!("amqps://guest:{secret}@localhost:{port}/%2f");
     let (kind, message) = refusal(rabbit(&url, trusting("ca.pem"), None).await);
     assert_eq!(kind, Refusal::Tls, "{message}");
     assert!(
@@ -131,7 +142,7 @@ async fn a_client_certificate_without_its_key_exits_2_naming_both() {
                 "DATABASE_URL",
                 formatcp!("postgres://postgres:Pa1r-S3cret@127.0.0.1:{PG_PORT}/test"),
             ),
-            ("AMQP_URL", AMQPS),
+            ("AMQP_URL", &amqps("guest:guest")),
             ("BROKER_CLIENT_CERT", &cert),
         ],
         &["--broker-client-cert", "--broker-client-key"],
@@ -142,17 +153,17 @@ async fn a_client_certificate_without_its_key_exits_2_naming_both() {
 
 #[tokio::test]
 async fn certificate_login_with_external_and_password_refusals() {
-    let publisher = rabbit(EXTERNAL, with_client_cert("ca.pem"), None)
+    let publisher = rabbit(&external(), with_client_cert("ca.pem"), None)
         .await
         .expect("EXTERNAL login with the client certificate");
     publisher.close().await;
 
     // EXTERNAL without a certificate: the broker refuses the login.
-    let (kind, message) = refusal(rabbit(EXTERNAL, trusting("ca.pem"), None).await);
+    let (kind, message) = refusal(rabbit(&external(), trusting("ca.pem"), None).await);
     assert_eq!(kind, Refusal::Auth, "{message}");
 
     // A wrong password: refused as a login, the password not shown.
-    let wrong = formatcp!("amqps://guest:Wr0ng-S3cret@127.0.0.1:{RABBITMQ_TLS_PORT}/%2f");
+    let wrong = &amqps("guest:Wr0ng-S3cret");
     let (kind, message) = refusal(rabbit(wrong, trusting("ca.pem"), None).await);
     assert_eq!(kind, Refusal::Auth, "{message}");
     assert!(!message.contains("Wr0ng-S3cret"), "{message}");
@@ -221,7 +232,7 @@ async fn twenty_thousand_rows_over_amqps_with_certificate_login_each_id_once() {
         &name,
         &process::run_args(&name, &name, &["--workers", "2"]),
         &[
-            ("AMQP_URL", EXTERNAL),
+            ("AMQP_URL", &external()),
             ("BROKER_CA_FILE", &ca),
             ("BROKER_CLIENT_CERT", &cert),
             ("BROKER_CLIENT_KEY", &key),

@@ -5,7 +5,8 @@
 //!   same headers on every message; one carried in the headers column goes on the same way; a
 //!   malformed one is delivered without the header and counted.
 //! - `--cloudevents binary`: the Python SDK's RabbitMQ binding (AMQP 0-9-1, pika) and its AMQP
-//!   binding (AMQP 1.0, from Artemis) decode the attributes, the payload byte for byte.
+//!   binding (AMQP 1.0, from Artemis and from RabbitMQ) decode the attributes, the payload byte
+//!   for byte. RabbitMQ is 3.10, or 4.0 under the broker matrix (`outbox_tests::test_broker`).
 //! - Binary mode without a source stops at start, naming the setting.
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::Ident;
 use outbox_tests::amqp10::{self, ARTEMIS_URL};
 use outbox_tests::cloudevents::{self, Amqp10Message};
+use outbox_tests::test_broker::TestBroker;
 use outbox_tests::{broker, db, http, metrics, process, unique, wait};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -372,20 +374,37 @@ async fn cloudevents_binary_mode_is_decoded_by_the_sdk_from_rabbitmq() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudevents_binary_mode_is_decoded_by_the_sdk_from_artemis() {
     let name = unique("ce_artemis");
-    let table = trace_table(&name);
+    cloudevents_over_amqp10_are_decoded_by_the_sdk(&name, ARTEMIS_URL, &name).await;
+}
+
+/// The same through RabbitMQ's AMQP 1.0 (3.10's plugin, or 4.0's core under the broker matrix),
+/// to a queue at the broker's own address format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudevents_binary_mode_over_amqp10_is_decoded_by_the_sdk_from_rabbitmq() {
+    let name = unique("ce_rabbit10");
+    broker::declare_queue(&name).await;
+    let rabbitmq = TestBroker::current();
+    let address = rabbitmq.queue_address(&name);
+    cloudevents_over_amqp10_are_decoded_by_the_sdk(&name, rabbitmq.amqp10_url(), &address).await;
+}
+
+/// Rows of table `name` sent over AMQP 1.0 in CloudEvents binary mode to `address` on the
+/// broker at `url`, received there by an AMQP 1.0 consumer and decoded by the SDK's AMQP binding.
+async fn cloudevents_over_amqp10_are_decoded_by_the_sdk(name: &str, url: &str, address: &str) {
+    let table = trace_table(name);
     let mut conn = db::seeded_table(&table, ROWS).await;
     write_trace_context(&mut conn, &table).await;
-    let consumer = amqp10::consume(ARTEMIS_URL, &name).await;
+    let consumer = amqp10::consume(url, address).await;
     let source = "/orders";
     let args = process::run_args_without_exchange(
-        &name,
+        name,
         &[
             "--broker-protocol",
             "amqp10",
             "--broker-url",
-            ARTEMIS_URL,
+            url,
             "--address",
-            &name,
+            address,
             "--traceparent-column",
             "traceparent",
             "--tracestate-column",
@@ -396,7 +415,7 @@ async fn cloudevents_binary_mode_is_decoded_by_the_sdk_from_artemis() {
             source,
         ],
     );
-    let mut relay = process::spawn_relay(&name, &args);
+    let mut relay = process::spawn_relay(name, &args);
     let drained = db::wait_until_drained(&table, Duration::from_secs(60)).await;
     assert!(drained, "rows still pending:\n{}", relay.log_text());
     let arrived = wait::holds(

@@ -28,6 +28,7 @@ use futures::future::FusedFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 
+pub mod address;
 mod connect;
 
 use connect::unavailable;
@@ -415,12 +416,16 @@ fn simple_value(value: &serde_json::Value) -> SimpleValue {
 fn delivery_of(outcome: Result<Outcome, SendError>) -> Delivery {
     match outcome {
         Ok(Outcome::Accepted(_)) => Delivery::Confirmed,
-        Ok(Outcome::Rejected(rejected)) => Delivery::Rejected(Rejection::Refused {
-            error: rejected
-                .error
-                .as_ref()
-                .map_or("no reason given".to_string(), error_text),
-        }),
+        // RabbitMQ 4 answers `rejected` without an error where AMQP 0-9-1 answers a basic.nack
+        // (a full queue with x-overflow reject-publish; seen on 4.0.5): the broker's state, not
+        // the message's, so it spends no attempt, as a nack does. A rejection that gives its
+        // reason (Artemis' full address, Service Bus) is the broker refusing the message.
+        Ok(Outcome::Rejected(rejected)) => match rejected.error.as_ref() {
+            None => Delivery::Unknown(Unconfirmed::Nacked),
+            Some(error) => Delivery::Rejected(Rejection::Refused {
+                error: error_text(error),
+            }),
+        },
         Ok(Outcome::Released(_) | Outcome::Modified(_)) => Delivery::Unknown(Unconfirmed::Released),
         // The link or the connection failed before the outcome arrived.
         Err(_) => Delivery::Unknown(Unconfirmed::BrokerUnavailable),
@@ -573,11 +578,23 @@ mod tests {
             delivery_of(Ok(Outcome::Accepted(Accepted {}))),
             Delivery::Confirmed
         );
-        let refused = delivery_of(Ok(Outcome::Rejected(Rejected { error: None })));
-        assert!(matches!(
+        let full = fe2o3_amqp::types::definitions::Error::new(
+            AmqpError::ResourceLimitExceeded,
+            Some("Address \"orders\" is full.".to_string()),
+            None,
+        );
+        let refused = delivery_of(Ok(Outcome::Rejected(Rejected { error: Some(full) })));
+        assert_eq!(
             refused,
-            Delivery::Rejected(Rejection::Refused { .. })
-        ));
+            Delivery::Rejected(Rejection::Refused {
+                error: "amqp:resource-limit-exceeded: Address \"orders\" is full.".into()
+            })
+        );
+        // RabbitMQ 4's answer where AMQP 0-9-1 nacks: no reason, the broker's state.
+        assert_eq!(
+            delivery_of(Ok(Outcome::Rejected(Rejected { error: None }))),
+            Delivery::Unknown(Unconfirmed::Nacked)
+        );
         for not_taken in [
             Outcome::Released(Released {}),
             Outcome::Modified(Modified {
