@@ -23,7 +23,7 @@
 #   scripts/services.sh standby-pair DIR PRIMARY_PORT STANDBY_PORT (and standby-pair-stop, -start,
 #                                     -promote, -rejoin, -drop): a PostgreSQL primary and synchronous standby
 #                                     of one test's own (see scripts/services/standby-pair.sh)
-#   scripts/services.sh rabbitmq4 (and rabbitmq4-stop, rabbitmq4-cli TOOL ARG...)
+#   scripts/services.sh rabbitmq4 (and rabbitmq4-stop, rabbitmq4-cli TOOL ARG..., rabbitmq4-root)
 #                                     make (once) a Debian 13 root with Debian 13's RabbitMQ 4 and
 #                                     start it beside 3.10 on RABBITMQ4_PORT (AMQPS on
 #                                     RABBITMQ4_TLS_PORT), printing its URL; only the tests that
@@ -68,8 +68,6 @@ services_dir="$(dirname "${BASH_SOURCE[0]}")/services"
 . "$services_dir/artemis.sh"
 # shellcheck source=services/artemis-pair.sh
 . "$services_dir/artemis-pair.sh"
-# shellcheck source=services/rabbit-cluster.sh
-. "$services_dir/rabbit-cluster.sh"
 # shellcheck source=services/rabbitmq4.sh
 . "$services_dir/rabbitmq4.sh"
 # shellcheck source=services/standby-pair.sh
@@ -84,16 +82,8 @@ case "${1:-}" in
   otel-collector) otel_collector; exit 0 ;;
   registry) start_registry "${2:-$registry_dir_default}" "${3:-$REGISTRY_PORT}" "${4:-127.0.0.1}"; exit 0 ;;
   stop-registry) stop_registry "${2:-$registry_dir_default}"; exit 0 ;;
-  rabbit-cluster) start_rabbit_cluster; exit 0 ;;
-  rabbit-cluster-node)
-    case "${2:-}:${3:-}" in
-      stop:[123]) rc_stop_node "$3" ;; kill:[123]) rc_kill_node "$3" ;; start:[123]) rc_start_node "$3" ;;
-      *) echo "usage: $0 rabbit-cluster-node stop|kill|start 1|2|3" >&2; exit 2 ;;
-    esac
-    exit 0 ;;
-  rabbit-cluster-queue) rc_await_queue "${2:?usage: $0 rabbit-cluster-queue QUEUE [ONLINE [SECONDS]]}" "${3:-3}" "${4:-60}"; exit 0 ;;
-  stop-rabbit-cluster) for n in 1 2 3; do rc_stop_node "$n"; done; exit 0 ;;
   rabbitmq4) start_rabbitmq4; exit 0 ;;
+  rabbitmq4-root) rabbitmq4_root; exit 0 ;;
   rabbitmq4-stop) stop_rabbitmq4; exit 0 ;;
   rabbitmq4-cli) shift; r4_cli "$@"; exit ;;
   stop-artemis) stop_artemis; exit 0 ;;
@@ -101,7 +91,7 @@ case "${1:-}" in
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
   artemis-pair | artemis-pair-*) artemis_pair_command "$@"; exit 0 ;;
   standby-pair | standby-pair-*) standby_pair_command "$@"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | rabbitmq4-root | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two

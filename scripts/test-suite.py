@@ -59,9 +59,9 @@ WAITING = {
     "long_soak": 150,
     "e2e_real_node": 8,
 }
-# The modules of the services binary that start their own servers (a RabbitMQ cluster, PostgreSQL
-# standby pairs, Artemis primary/backup pairs) and fail them over: run as a job of their own
-# (see plan()).
+# The modules of the services binary that start their own servers (the RabbitMQ 3.10 and 4.0
+# clusters, PostgreSQL standby pairs, Artemis primary/backup pairs) and fail them over: run as a
+# job of their own (see plan()).
 FAILOVER = ["artemis_pair", "broker_cluster", "pg_failover"]
 RELEASE = [CARGO, "test", "--release"]
 THREADS = ["--", "--test-threads=4"]

@@ -8,6 +8,8 @@
 #   scripts/services.sh rabbitmq4-stop     stop the broker (the root and the node's data stay)
 #   scripts/services.sh rabbitmq4-cli rabbitmqctl|rabbitmq-diagnostics|rabbitmq-plugins|rabbitmq-queues ARG...
 #                                          run one of its CLI tools against the node, in the root
+#   scripts/services.sh rabbitmq4-root     make the root (once), print its folder: the three-node
+#                                          RabbitMQ 4 cluster (tests/src/rabbit_cluster/) runs from it
 #
 # Why a root: Erlang 27, which RabbitMQ 4.0 needs, is built against Debian 13's C library, so
 # Debian 13's packages do not run on this Debian 12 host. `debootstrap --variant=minbase` makes
@@ -263,6 +265,15 @@ stop_rabbitmq4() {
   flock 9
   r4_stop
   r4_say "RabbitMQ 4 ($r4_node) is stopped"
+}
+
+# The root's folder on stdout, made first when missing (under the broker's lock: one make at a time).
+rabbitmq4_root() {
+  mkdir -p "$r4_cache"
+  exec 9>"$r4_cache/rabbitmq4.lock"
+  flock 9
+  r4_ensure_root
+  r4_root
 }
 
 # The root's stamp: a change to the suite, the mirror, the pinned packages or r4_make_root makes

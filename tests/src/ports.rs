@@ -117,8 +117,14 @@ pub const ARTEMIS_TLS_PORT: u16 = ports_env!("ARTEMIS_TLS_PORT");
 pub const ARTEMIS_CORE_PORT_OFFSET: u16 = ports_env!("ARTEMIS_CORE_PORT_OFFSET");
 /// The private Artemis that amqp10_delivery crashes and starts again.
 pub const PRIVATE_ARTEMIS_PORT: u16 = ports_env!("PRIVATE_ARTEMIS_PORT");
-/// Node 1 of the three-node RabbitMQ cluster; node N listens N - 1 above.
+/// Node 1 of the three-node RabbitMQ 3.10 cluster; node N listens N - 1 above.
 pub const RABBIT_CLUSTER_FIRST_PORT: u16 = ports_env!("RABBIT_CLUSTER_FIRST_PORT");
+/// How far above its AMQP port a cluster node has its Erlang distribution port.
+pub const RABBIT_CLUSTER_DIST_PORT_OFFSET: u16 = ports_env!("RABBIT_CLUSTER_DIST_PORT_OFFSET");
+/// Node 1 of the three-node RabbitMQ 4.0 cluster; node N listens N - 1 above.
+pub const RABBIT4_CLUSTER_FIRST_PORT: u16 = ports_env!("RABBIT4_CLUSTER_FIRST_PORT");
+/// The RabbitMQ 4.0 cluster's own Erlang port mapper.
+pub const RABBIT4_CLUSTER_EPMD_PORT: u16 = ports_env!("RABBIT4_CLUSTER_EPMD_PORT");
 /// RabbitMQ 4 (`scripts/services.sh rabbitmq4`): AMQP 0-9-1 and AMQP 1.0.
 pub const RABBITMQ4_PORT: u16 = ports_env!("RABBITMQ4_PORT");
 /// RabbitMQ 4 inside TLS.

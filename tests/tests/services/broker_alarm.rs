@@ -1,8 +1,8 @@
 //! Issue 53, the broker's alarms: a RabbitMQ memory or disk alarm while the relay is mid-stream
 //! holds no claim past the publish timeout. The relay gives its claims back, claims nothing
 //! while the alarm lasts (said once; `/readyz` unready with `BrokerBlocked`), and relays
-//! everything once it lifts. On the three-node cluster `scripts/services.sh rabbit-cluster`
-//! starts, under its lease: an alarm blocks every publisher of its cluster, so it is never
+//! everything once it lifts. On the three-node RabbitMQ 3.10 cluster (`outbox_tests::rabbit_cluster`),
+//! under its lease: an alarm blocks every publisher of its cluster, so it is never
 //! raised on the tests' shared RabbitMQ.
 //!
 //! What RabbitMQ 3.10 was seen to do here (`rabbitmqctl list_connections name state` sampled

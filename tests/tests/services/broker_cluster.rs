@@ -1,13 +1,15 @@
 //! Issue 44, the broker half: a relay given several broker nodes moves to another when its
 //! node stops or dies, and a broker that nacks (a quorum queue without a majority, a full queue
 //! with `x-overflow: reject-publish`) makes it wait, never spending an attempt nor
-//! dead-lettering. On real servers: the three-node RabbitMQ cluster that `scripts/services.sh
-//! rabbit-cluster` starts (only these tests start it) and the tests' RabbitMQ and Artemis.
+//! dead-lettering. On real servers: the three-node RabbitMQ clusters of
+//! `outbox_tests::rabbit_cluster` (only these tests and the other failover tests start them)
+//! and the tests' RabbitMQ and Artemis.
 //!
-//! Each cluster scenario counts at the broker: every id at least once, nothing pending,
-//! nothing dead-lettered (the attempts column is mapped with `--max-attempts 1`, so a nack
-//! counted as a refusal would dead-letter at once), duplicates at most one batch per worker per
-//! lost node; it prints the longest gap in delivery.
+//! The cluster scenarios run on both clusters (issue 56): RabbitMQ 3.10 on Mnesia, and 4.0 on
+//! Khepri (`on_rabbitmq_3_10::…`, `on_rabbitmq_4_0::…`). Each counts at the broker: every id at
+//! least once, nothing pending, nothing dead-lettered (the attempts column is mapped with
+//! `--max-attempts 1`, so a nack counted as a refusal would dead-letter at once), duplicates at
+//! most one batch per worker per lost node; it prints the longest gap in delivery.
 
 use std::time::{Duration, Instant};
 
@@ -17,10 +19,7 @@ use outbox_relay::table::OutboxTable;
 use outbox_tests::db::{attempts_table, refused_rows};
 use outbox_tests::ports::{ARTEMIS_PORT, RABBITMQ_PORT, RABBITMQ_TLS_PORT};
 use outbox_tests::process::RelayProcess;
-use outbox_tests::rabbit_cluster::{
-    Lease, PORTS, all_nodes, await_new_leader, declare, declare_exchange, declare_quorum,
-    declare_quorum_on, node, node_url, quorum,
-};
+use outbox_tests::rabbit_cluster::{Cluster, Lease, declare, declare_exchange, quorum};
 use outbox_tests::{amqp10, broker, db, http, metrics, process, unique, wait};
 use sqlx::PgConnection;
 
@@ -53,8 +52,8 @@ async fn relay_metrics(relay: &RelayProcess) -> String {
     http::get(&relay.metrics_addr().await, "/metrics").await.1
 }
 
-/// The node (1 to 3) the relay's workers are connected to, once they are.
-async fn relay_node(relay: &RelayProcess) -> usize {
+/// The node (1 to 3) of `cluster` the relay's workers are connected to, once they are.
+async fn relay_node(cluster: Cluster, relay: &RelayProcess) -> usize {
     wait::for_value(
         "the relay is on a node",
         Duration::from_secs(30),
@@ -63,7 +62,7 @@ async fn relay_node(relay: &RelayProcess) -> usize {
             (1..=3).find(|&n| {
                 let series = format!(
                     "outbox_relay_broker_node_connections{{node=\"127.0.0.1:{}\"}}",
-                    PORTS[n - 1]
+                    cluster.ports()[n - 1]
                 );
                 metrics::value(&text, &series).is_some_and(|v| v > 0.0)
             })
@@ -124,26 +123,36 @@ async fn assert_delivered(
 /// The relay's node stopped (gracefully, or SIGKILLed): the relay moves to another node and
 /// keeps relaying while the node is down: rows inserted after the loss are all delivered
 /// before it returns.
-async fn relay_moves_off_a_lost_node(kill: bool) {
-    let cluster = Lease::take().await;
-    let what = if kill { "node kill -9" } else { "node stop" };
+async fn relay_moves_off_a_lost_node(cluster: Cluster, kill: bool) {
+    let lease = Lease::take_on(cluster).await;
+    let what = format!(
+        "{}: {}",
+        cluster.name(),
+        if kill { "node kill -9" } else { "node stop" }
+    );
     let name = unique(if kill { "qkill" } else { "qstop" });
     let (table, mut conn) = attempts_table(&name, 0).await;
-    declare_exchange(&node_url(1), &name).await;
-    let urls = all_nodes();
+    declare_exchange(&cluster.node_url(1), &name).await;
+    let urls = cluster.all_nodes();
     let mut relay = process::spawn_relay(&name, &cluster_args(&name, &urls, "200"));
-    let lost = relay_node(&relay).await;
+    let lost = relay_node(cluster, &relay).await;
     // The queue's leader on another node than the relay's: this scenario is the relay's node
     // lost. Losing the leader's node too makes the queue elect a leader, which RabbitMQ 3.10
     // has taken up to about 2 min to do after a kill -9 on this machine, nacking meanwhile (the
     // relay waits, spending no attempt: the majority scenario below covers that waiting).
     let consumer_node = lost % 3 + 1;
-    declare_quorum_on(consumer_node, &name).await;
+    cluster.declare_quorum_on(consumer_node, &name).await;
+    // Checked: with its leader on the relay's node, this would be the leader-loss scenario.
+    assert_eq!(
+        cluster.leader(&format!("{name}_q")).await,
+        Some(consumer_node),
+        "{what}: the queue's first leader is not the node it was declared through"
+    );
     outbox_relay::tools::seed::copy_rows(&mut conn, &table, 30_000, 50, |_| {})
         .await
         .expect("seed rows");
     let consumer = broker::consume_at(
-        &node_url(consumer_node),
+        &cluster.node_url(consumer_node),
         &name,
         ExchangeKind::Fanout,
         "",
@@ -158,10 +167,12 @@ async fn relay_moves_off_a_lost_node(kill: bool) {
         "{}",
         relay.log_text()
     );
-    node(if kill { "kill" } else { "stop" }, lost).await;
+    cluster.node(if kill { "kill" } else { "stop" }, lost).await;
     // The queue keeps its leader (on another node): it answers at once. Checked, so that a
     // failure below is the relay's, not a leaderless queue's.
-    await_new_leader(&format!("{name}_q"), Duration::from_secs(240)).await;
+    cluster
+        .await_new_leader(&format!("{name}_q"), Duration::from_secs(240))
+        .await;
     // Rows that exist only after the loss: relayed by another node, or not at all.
     let t = table.name.quoted();
     db::exec(
@@ -175,13 +186,13 @@ async fn relay_moves_off_a_lost_node(kill: bool) {
     .await;
     let drained_while_down = db::wait_until_drained(&table, Duration::from_secs(120)).await;
     let text = relay_metrics(&relay).await;
-    node("start", lost).await;
+    cluster.node("start", lost).await;
     assert!(
         drained_while_down,
         "{what}: the relay did not carry on while node {lost} was down:\n{}",
         relay.log_text()
     );
-    let moved = relay_node(&relay).await;
+    let moved = relay_node(cluster, &relay).await;
     assert!(
         metrics::value(&text, "outbox_relay_broker_node_moves_total").is_some_and(|v| v >= 1.0),
         "{text}"
@@ -193,7 +204,7 @@ async fn relay_moves_off_a_lost_node(kill: bool) {
     );
     // One batch per worker may have been in flight on the lost connection.
     assert_delivered(
-        what,
+        &what,
         &mut conn,
         &table,
         &consumer,
@@ -202,17 +213,7 @@ async fn relay_moves_off_a_lost_node(kill: bool) {
     )
     .await;
     consumer.close().await;
-    cluster.restore().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_relay_moves_off_a_stopped_broker_node() {
-    relay_moves_off_a_lost_node(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_relay_moves_off_a_killed_broker_node() {
-    relay_moves_off_a_lost_node(true).await;
+    lease.restore().await;
 }
 
 /// Two of three nodes down: the quorum queue has no majority, publishes are nacked or go
@@ -221,18 +222,17 @@ async fn the_relay_moves_off_a_killed_broker_node() {
 /// A publish that timed out may still be enqueued once the majority returns (its entry was in
 /// the survivor's log), and its row is sent again: the duplicates are bounded by the messages
 /// the relay counted unconfirmed, not by one batch per worker.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quorum_majority_lost_settles_nothing_until_it_returns() {
+async fn a_quorum_majority_lost_settles_nothing_until_it_returns(cluster: Cluster) {
     const ROWS: u64 = 40_000;
-    let cluster = Lease::take().await;
+    let lease = Lease::take_on(cluster).await;
     let name = unique("qmajority");
     let (table, mut conn) = attempts_table(&name, ROWS).await;
-    declare_quorum(&name).await;
-    let urls = all_nodes();
+    cluster.declare_quorum(&name).await;
+    let urls = cluster.all_nodes();
     let mut relay = process::spawn_relay(&name, &cluster_args(&name, &urls, "200"));
-    let survivor = relay_node(&relay).await;
+    let survivor = relay_node(cluster, &relay).await;
     let consumer = broker::consume_at(
-        &node_url(survivor),
+        &cluster.node_url(survivor),
         &name,
         ExchangeKind::Fanout,
         "",
@@ -250,7 +250,7 @@ async fn a_quorum_majority_lost_settles_nothing_until_it_returns() {
     // A graceful stop waits for the node's VM to exit, seconds on a busy machine, while the
     // relay goes on settling: the table holds enough rows to outlast both.
     for lost in (1..=3).filter(|&n| n != survivor) {
-        node("stop", lost).await;
+        cluster.node("stop", lost).await;
     }
     // A batch published before the loss may still get confirms for what a majority had taken
     // (seen: 11 rows 3 s after the stops) until its publish timeout (5 s); then nothing may.
@@ -270,18 +270,72 @@ async fn a_quorum_majority_lost_settles_nothing_until_it_returns() {
         before < ROWS as usize,
         "the relay finished before the outage"
     );
-    cluster.bring_back().await;
-    assert_delivered(
-        "majority lost",
-        &mut conn,
-        &table,
-        &consumer,
-        &mut relay,
-        None,
-    )
-    .await;
+    lease.bring_back().await;
+    let what = format!("{}: majority lost", cluster.name());
+    assert_delivered(&what, &mut conn, &table, &consumer, &mut relay, None).await;
     consumer.close().await;
-    cluster.restore().await;
+    lease.restore().await;
+}
+
+/// Each cluster runs the RabbitMQ it is named for, on the metadata store it is named for: 3.10
+/// on Mnesia (it has no `khepri_db` flag), 4.0 on Khepri (the flag enabled on every node: 4.0
+/// itself still starts on Mnesia).
+async fn the_cluster_runs_its_version_on_its_metadata_store(cluster: Cluster) {
+    let lease = Lease::take_on(cluster).await;
+    let (version, khepri) = match cluster {
+        Cluster::V3_10 => ("3.10.", false),
+        Cluster::V4_0 => ("4.0.", true),
+    };
+    for node in 1..=3 {
+        let running = cluster.version(node).await;
+        assert!(
+            running.starts_with(version),
+            "{}: node {node} runs {running}",
+            cluster.name()
+        );
+        let flags = cluster.enabled_feature_flags(node).await;
+        assert_eq!(
+            flags.iter().any(|flag| flag == "khepri_db"),
+            khepri,
+            "{}: node {node} enables {flags:?}",
+            cluster.name()
+        );
+    }
+    drop(lease);
+}
+
+/// The cluster scenarios, once on each cluster: `on_rabbitmq_3_10::…` and `on_rabbitmq_4_0::…`.
+macro_rules! cluster_scenarios {
+    ($($module:ident => $cluster:expr;)+) => {$(
+        mod $module {
+            use super::Cluster;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_cluster_runs_its_version_on_its_metadata_store() {
+                super::the_cluster_runs_its_version_on_its_metadata_store($cluster).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_relay_moves_off_a_stopped_broker_node() {
+                super::relay_moves_off_a_lost_node($cluster, false).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_relay_moves_off_a_killed_broker_node() {
+                super::relay_moves_off_a_lost_node($cluster, true).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_quorum_majority_lost_settles_nothing_until_it_returns() {
+                super::a_quorum_majority_lost_settles_nothing_until_it_returns($cluster).await;
+            }
+        }
+    )+};
+}
+
+cluster_scenarios! {
+    on_rabbitmq_3_10 => Cluster::V3_10;
+    on_rabbitmq_4_0 => Cluster::V4_0;
 }
 
 /// A quorum queue of at most 100 messages that rejects publishes beyond, emptied by a slow
