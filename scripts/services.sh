@@ -20,9 +20,6 @@
 #   scripts/services.sh artemis-pair DIR PRIMARY_PORT BACKUP_PORT (and artemis-pair-stop, -drop):
 #                                     an Artemis primary/backup pair on a shared store of one
 #                                     test's own (see scripts/services/artemis-pair.sh)
-#   scripts/services.sh standby-pair DIR PRIMARY_PORT STANDBY_PORT (and standby-pair-stop, -start,
-#                                     -promote, -rejoin, -drop): a PostgreSQL primary and synchronous standby
-#                                     of one test's own (see scripts/services/standby-pair.sh)
 #   scripts/services.sh rabbitmq4 (and rabbitmq4-stop, rabbitmq4-cli TOOL ARG...)
 #                                     make (once) a Debian 13 root with Debian 13's RabbitMQ 4 and
 #                                     start it beside 3.10 on RABBITMQ4_PORT (AMQPS on
@@ -43,6 +40,8 @@
 #
 # The code is in scripts/services/, a file per server or concern, sourced here; the servers'
 # ports, by the names used above, in scripts/services/ports.env.
+# The servers one test starts for itself are the Rust harness's, beside the code that uses them:
+# the PostgreSQL standby pairs (tests/src/standby.rs).
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -72,8 +71,6 @@ services_dir="$(dirname "${BASH_SOURCE[0]}")/services"
 . "$services_dir/rabbit-cluster.sh"
 # shellcheck source=services/rabbitmq4.sh
 . "$services_dir/rabbitmq4.sh"
-# shellcheck source=services/standby-pair.sh
-. "$services_dir/standby-pair.sh"
 # shellcheck source=services/registry.sh
 . "$services_dir/registry.sh"
 # shellcheck source=services/otel-collector.sh
@@ -100,8 +97,7 @@ case "${1:-}" in
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
   artemis-pair | artemis-pair-*) artemis_pair_command "$@"; exit 0 ;;
-  standby-pair | standby-pair-*) standby_pair_command "$@"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two

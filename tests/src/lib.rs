@@ -5,6 +5,7 @@ pub mod amqp10;
 pub mod api_versions;
 pub mod artemis_pair;
 pub mod broker;
+pub mod cache_key;
 pub mod chaos;
 pub mod cloudevents;
 pub mod cluster;
