@@ -17,9 +17,9 @@
 #                                     on 127.0.0.1:PORT, for a test that restarts its own broker
 #   scripts/services.sh stop-artemis-instance DIR [--kill]
 #                                     stop it (with --kill: SIGKILL, as a crash)
-#   scripts/services.sh artemis-pair DIR PRIMARY_PORT BACKUP_PORT (and artemis-pair-stop, -drop):
-#                                     an Artemis primary/backup pair on a shared store of one
-#                                     test's own (see scripts/services/artemis-pair.sh)
+#   scripts/services.sh artemis-home
+#                                     print where Artemis is installed, downloading it (once) into
+#                                     the cache: the Artemis pairs of single tests are made from it
 #   scripts/services.sh rabbitmq4 (and rabbitmq4-stop, rabbitmq4-cli TOOL ARG...)
 #                                     make (once) a Debian 13 root with Debian 13's RabbitMQ 4 and
 #                                     start it beside 3.10 on RABBITMQ4_PORT (AMQPS on
@@ -41,7 +41,7 @@
 # The code is in scripts/services/, a file per server or concern, sourced here; the servers'
 # ports, by the names used above, in scripts/services/ports.env.
 # The servers one test starts for itself are the Rust harness's, beside the code that uses them:
-# the PostgreSQL standby pairs (tests/src/standby.rs).
+# the PostgreSQL standby pairs (tests/src/standby.rs), the Artemis pairs (tests/src/artemis_pair.rs).
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -65,8 +65,6 @@ services_dir="$(dirname "${BASH_SOURCE[0]}")/services"
 . "$services_dir/tls.sh"
 # shellcheck source=services/artemis.sh
 . "$services_dir/artemis.sh"
-# shellcheck source=services/artemis-pair.sh
-. "$services_dir/artemis-pair.sh"
 # shellcheck source=services/rabbit-cluster.sh
 . "$services_dir/rabbit-cluster.sh"
 # shellcheck source=services/rabbitmq4.sh
@@ -96,8 +94,8 @@ case "${1:-}" in
   stop-artemis) stop_artemis; exit 0 ;;
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
-  artemis-pair | artemis-pair-*) artemis_pair_command "$@"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
+  artemis-home) install_artemis >&2; echo "$artemis_home"; exit 0 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-home | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two

@@ -10,6 +10,7 @@ pub mod chaos;
 pub mod cloudevents;
 pub mod cluster;
 pub mod control_plane;
+pub mod daemon;
 pub mod db;
 pub mod docs_reference;
 pub mod health;

@@ -81,11 +81,9 @@ fn run_quiet(command: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
-/// The last 20 lines of the file at `path` ("" when it cannot be read).
-pub fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
+/// The last 20 lines of the file at `path`.
+fn tail(path: &Path) -> String {
+    crate::daemon::log_tail(path, 20)
 }
 
 /// The server log `pg_ctl` writes for data directory `data`: `DATA.log` beside it.
