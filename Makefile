@@ -110,7 +110,7 @@ control-plane:
 ## ~/.cache/outbox-relay/otel-collector-<hash of its inputs and the Go version>/. Each test
 ## starts its own (tests/src/otel_collector.rs).
 otel-collector:
-	@./scripts/services.sh otel-collector >/dev/null
+	@./scripts/otel-collector.sh >/dev/null
 
 ## test-rust: the test targets' release build, then every test of the workspace
 ## (scripts/test-suite.py): the end-to-end binaries, which mostly wait, side by side; then the

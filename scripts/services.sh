@@ -33,15 +33,13 @@
 #                                     (make dist's)
 #   scripts/services.sh stop-registry [DIR]
 #                                     stop the registry of DIR (its pid file), keeping what it stores
-#   scripts/services.sh otel-collector
-#                                     print the path of the tests' OpenTelemetry Collector (OTLP
-#                                     receiver, file exporter), building it once from
-#                                     tests/otel-collector/ into the cache; each test starts its own
 #
 # The code is in scripts/services/, a file per server or concern, sourced here; the servers'
 # ports, by the names used above, in scripts/services/ports.env.
 # The servers one test starts for itself are the Rust harness's, beside the code that uses them:
-# the PostgreSQL standby pairs (tests/src/standby.rs), the Artemis pairs (tests/src/artemis_pair.rs).
+# the PostgreSQL standby pairs (tests/src/standby.rs), the Artemis pairs (tests/src/artemis_pair.rs)
+# and the OpenTelemetry Collectors (tests/src/otel_collector.rs; scripts/otel-collector.sh builds
+# the collector, as scripts/cosign.sh fetches cosign).
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -71,12 +69,9 @@ services_dir="$(dirname "${BASH_SOURCE[0]}")/services"
 . "$services_dir/rabbitmq4.sh"
 # shellcheck source=services/registry.sh
 . "$services_dir/registry.sh"
-# shellcheck source=services/otel-collector.sh
-. "$services_dir/otel-collector.sh"
 
 case "${1:-}" in
   "" | postgres-majors | demo) ;;
-  otel-collector) otel_collector; exit 0 ;;
   registry) start_registry "${2:-$registry_dir_default}" "${3:-$REGISTRY_PORT}" "${4:-127.0.0.1}"; exit 0 ;;
   stop-registry) stop_registry "${2:-$registry_dir_default}"; exit 0 ;;
   rabbit-cluster) start_rabbit_cluster; exit 0 ;;
@@ -95,7 +90,7 @@ case "${1:-}" in
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
   artemis-home) install_artemis >&2; echo "$artemis_home"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-home | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-home | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | registry [DIR PORT [ADDRESS]] | stop-registry [DIR]]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two
