@@ -25,21 +25,17 @@
 #                                     start it beside 3.10 on RABBITMQ4_PORT (AMQPS on
 #                                     RABBITMQ4_TLS_PORT), printing its URL; only the tests that
 #                                     need it start it (see scripts/services/rabbitmq4.sh)
-#   scripts/services.sh registry [DIR PORT [ADDRESS]]
-#                                     start (installing Debian's docker-registry, once) an OCI registry
-#                                     storing under DIR, plain HTTP on ADDRESS:PORT (127.0.0.1, or
-#                                     10.213.0.1 for the tests' node); by default
-#                                     $HOME/.cache/outbox-relay/registry on 127.0.0.1:REGISTRY_PORT
-#                                     (make dist's)
-#   scripts/services.sh stop-registry [DIR]
-#                                     stop the registry of DIR (its pid file), keeping what it stores
+#   scripts/services.sh install-registry
+#                                     install Debian's docker-registry (once), for the OCI
+#                                     registries of make dist (outbox-registry) and of single tests
 #
 # The code is in scripts/services/, a file per server or concern, sourced here; the servers'
 # ports, by the names used above, in scripts/services/ports.env.
 # The servers one test starts for itself are the Rust harness's, beside the code that uses them:
-# the PostgreSQL standby pairs (tests/src/standby.rs), the Artemis pairs (tests/src/artemis_pair.rs)
-# and the OpenTelemetry Collectors (tests/src/otel_collector.rs; scripts/otel-collector.sh builds
-# the collector, as scripts/cosign.sh fetches cosign).
+# the PostgreSQL standby pairs (tests/src/standby.rs), the Artemis pairs (tests/src/artemis_pair.rs),
+# the OCI registries (tests/src/registry.rs; make dist's too, through outbox-registry) and the
+# OpenTelemetry Collectors (tests/src/otel_collector.rs; scripts/otel-collector.sh builds the
+# collector, as scripts/cosign.sh fetches cosign).
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -72,8 +68,7 @@ services_dir="$(dirname "${BASH_SOURCE[0]}")/services"
 
 case "${1:-}" in
   "" | postgres-majors | demo) ;;
-  registry) start_registry "${2:-$registry_dir_default}" "${3:-$REGISTRY_PORT}" "${4:-127.0.0.1}"; exit 0 ;;
-  stop-registry) stop_registry "${2:-$registry_dir_default}"; exit 0 ;;
+  install-registry) install_registry; exit 0 ;;
   rabbit-cluster) start_rabbit_cluster; exit 0 ;;
   rabbit-cluster-node)
     case "${2:-}:${3:-}" in
@@ -90,7 +85,7 @@ case "${1:-}" in
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
   artemis-home) install_artemis >&2; echo "$artemis_home"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-home | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | registry [DIR PORT [ADDRESS]] | stop-registry [DIR]]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-home | rabbit-cluster | rabbit-cluster-node stop|kill|start N | rabbit-cluster-queue Q | stop-rabbit-cluster | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | install-registry]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two
