@@ -110,7 +110,7 @@ control-plane:
 ## ~/.cache/outbox-relay/otel-collector-<hash of its inputs and the Go version>/. Each test
 ## starts its own (tests/src/otel_collector.rs).
 otel-collector:
-	@./scripts/services.sh otel-collector >/dev/null
+	@./scripts/otel-collector.sh >/dev/null
 
 ## test-rust: the test targets' release build, then every test of the workspace
 ## (scripts/test-suite.py): the end-to-end binaries, which mostly wait, side by side; then the
@@ -236,7 +236,8 @@ previous-release:
 
 ## dist: the release artifacts, published as users consume them (scripts/dist.sh): the image by
 ## digest and the chart (oci://) in an OCI registry (DIST_REGISTRY; by default a local one on
-## 127.0.0.1:REGISTRY_PORT, started here), the image's CycloneDX SBOM, and, given COSIGN_KEY and
-## COSIGN_PASSWORD, cosign signatures of both and the SBOM as a signed attestation.
+## 127.0.0.1:REGISTRY_PORT, started here by outbox-registry and left running: `outbox-registry
+## stop` ends it), the image's CycloneDX SBOM, and, given COSIGN_KEY and COSIGN_PASSWORD, cosign
+## signatures of both and the SBOM as a signed attestation.
 dist: release image-tools release-tools
 	BIN_DIR='$(BIN_DIR)' ./scripts/dist.sh

@@ -15,7 +15,7 @@
 #
 # Environment:
 #   DIST_REGISTRY    host:port of the registry (default 127.0.0.1:REGISTRY_PORT, started here with
-#                    `scripts/services.sh registry` when nothing answers there)
+#                    `outbox-registry start`, from BIN_DIR, when nothing answers there)
 #   DIST_PLAIN_HTTP  1 to talk plain HTTP to it (default: 1 for 127.0.0.1 and localhost, else 0)
 #   DIST_OUT         where the artifacts and dist.env go (default .cache/dist)
 #   BIN_DIR          the static release binaries, built already (as scripts/image.sh takes it)
@@ -31,7 +31,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VERSION="$(awk '/^\[workspace.package\]/{p=1; next} /^\[/{p=0} p && /^version *=/{gsub(/[" ]/, "", $0); sub(/^version=/, ""); print; exit}' "$ROOT/Cargo.toml")"
-# The registry's port when none is given: the one `scripts/services.sh registry` starts it on.
+# The registry's port when none is given: the one `outbox-registry start` starts it on.
 # shellcheck source-path=SCRIPTDIR source=services/ports.env
 . "$ROOT/scripts/services/ports.env"
 REGISTRY="${DIST_REGISTRY:-127.0.0.1:$REGISTRY_PORT}"
@@ -59,7 +59,7 @@ if ! curl -fsS -o /dev/null --max-time 5 "$([ "$PLAIN_HTTP" = 1 ] && echo http |
         say "no OCI registry answers at $REGISTRY (DIST_REGISTRY); start one, or leave DIST_REGISTRY unset for a local one"
         exit 1
     fi
-    "$ROOT/scripts/services.sh" registry >&2
+    "${BIN_DIR:?names the folder of the release binaries, where outbox-registry starts the local registry}/outbox-registry" start >&2
 fi
 "$ROOT/scripts/image-tools.sh" >&2
 HELM="$("$ROOT/scripts/helm-tools.sh")/helm/helm"

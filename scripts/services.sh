@@ -17,32 +17,25 @@
 #                                     on 127.0.0.1:PORT, for a test that restarts its own broker
 #   scripts/services.sh stop-artemis-instance DIR [--kill]
 #                                     stop it (with --kill: SIGKILL, as a crash)
-#   scripts/services.sh artemis-pair DIR PRIMARY_PORT BACKUP_PORT (and artemis-pair-stop, -drop):
-#                                     an Artemis primary/backup pair on a shared store of one
-#                                     test's own (see scripts/services/artemis-pair.sh)
-#   scripts/services.sh standby-pair DIR PRIMARY_PORT STANDBY_PORT (and standby-pair-stop, -start,
-#                                     -promote, -rejoin, -drop): a PostgreSQL primary and synchronous standby
-#                                     of one test's own (see scripts/services/standby-pair.sh)
+#   scripts/services.sh artemis-home
+#                                     print where Artemis is installed, downloading it (once) into
+#                                     the cache: the Artemis pairs of single tests are made from it
 #   scripts/services.sh rabbitmq4 (and rabbitmq4-stop, rabbitmq4-cli TOOL ARG..., rabbitmq4-root)
 #                                     make (once) a Debian 13 root with Debian 13's RabbitMQ 4 and
 #                                     start it beside 3.10 on RABBITMQ4_PORT (AMQPS on
 #                                     RABBITMQ4_TLS_PORT), printing its URL; only the tests that
 #                                     need it start it (see scripts/services/rabbitmq4.sh)
-#   scripts/services.sh registry [DIR PORT [ADDRESS]]
-#                                     start (installing Debian's docker-registry, once) an OCI registry
-#                                     storing under DIR, plain HTTP on ADDRESS:PORT (127.0.0.1, or
-#                                     10.213.0.1 for the tests' node); by default
-#                                     $HOME/.cache/outbox-relay/registry on 127.0.0.1:REGISTRY_PORT
-#                                     (make dist's)
-#   scripts/services.sh stop-registry [DIR]
-#                                     stop the registry of DIR (its pid file), keeping what it stores
-#   scripts/services.sh otel-collector
-#                                     print the path of the tests' OpenTelemetry Collector (OTLP
-#                                     receiver, file exporter), building it once from
-#                                     tests/otel-collector/ into the cache; each test starts its own
+#   scripts/services.sh install-registry
+#                                     install Debian's docker-registry (once), for the OCI
+#                                     registries of make dist (outbox-registry) and of single tests
 #
 # The code is in scripts/services/, a file per server or concern, sourced here; the servers'
 # ports, by the names used above, in scripts/services/ports.env.
+# The servers one test starts for itself are the Rust harness's, beside the code that uses them:
+# the PostgreSQL standby pairs (tests/src/standby.rs), the Artemis pairs (tests/src/artemis_pair.rs),
+# the OCI registries (tests/src/registry.rs; make dist's too, through outbox-registry) and the
+# OpenTelemetry Collectors (tests/src/otel_collector.rs; scripts/otel-collector.sh builds the
+# collector, as scripts/cosign.sh fetches cosign).
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -66,22 +59,14 @@ services_dir="$(dirname "${BASH_SOURCE[0]}")/services"
 . "$services_dir/tls.sh"
 # shellcheck source=services/artemis.sh
 . "$services_dir/artemis.sh"
-# shellcheck source=services/artemis-pair.sh
-. "$services_dir/artemis-pair.sh"
 # shellcheck source=services/rabbitmq4.sh
 . "$services_dir/rabbitmq4.sh"
-# shellcheck source=services/standby-pair.sh
-. "$services_dir/standby-pair.sh"
 # shellcheck source=services/registry.sh
 . "$services_dir/registry.sh"
-# shellcheck source=services/otel-collector.sh
-. "$services_dir/otel-collector.sh"
 
 case "${1:-}" in
   "" | postgres-majors | demo) ;;
-  otel-collector) otel_collector; exit 0 ;;
-  registry) start_registry "${2:-$registry_dir_default}" "${3:-$REGISTRY_PORT}" "${4:-127.0.0.1}"; exit 0 ;;
-  stop-registry) stop_registry "${2:-$registry_dir_default}"; exit 0 ;;
+  install-registry) install_registry; exit 0 ;;
   rabbitmq4) start_rabbitmq4; exit 0 ;;
   rabbitmq4-root) rabbitmq4_root; exit 0 ;;
   rabbitmq4-stop) stop_rabbitmq4; exit 0 ;;
@@ -89,9 +74,8 @@ case "${1:-}" in
   stop-artemis) stop_artemis; exit 0 ;;
   artemis-instance) start_private_artemis "${2:?DIR}" "${3:?PORT}"; exit 0 ;;
   stop-artemis-instance) stop_private_artemis "${2:?DIR}" "${3:-}"; exit 0 ;;
-  artemis-pair | artemis-pair-*) artemis_pair_command "$@"; exit 0 ;;
-  standby-pair | standby-pair-*) standby_pair_command "$@"; exit 0 ;;
-  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-pair DIR P1 P2 | artemis-pair-stop DIR primary|backup [--kill] | artemis-pair-drop DIR | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | rabbitmq4-root | standby-pair DIR P1 P2 | standby-pair-stop|start|promote|rejoin|drop DIR … | registry [DIR PORT [ADDRESS]] | stop-registry [DIR] | otel-collector]" >&2; exit 2 ;;
+  artemis-home) install_artemis >&2; echo "$artemis_home"; exit 0 ;;
+  *) echo "usage: $0 [demo | postgres-majors | stop-artemis | artemis-instance DIR PORT | stop-artemis-instance DIR [--kill] | artemis-home | rabbitmq4 | rabbitmq4-stop | rabbitmq4-cli TOOL ARG... | rabbitmq4-root | install-registry]" >&2; exit 2 ;;
 esac
 
 # One set-up at a time: tests run `make cluster` (and so this script) side by side, and two

@@ -61,7 +61,7 @@ create_artemis() {
   # source lists amqp:modified:list. The core acceptor (for the artemis CLI: queue stat, ...)
   # speaks CORE only, on 127.0.0.1:ARTEMIS_CORE_PORT. Each sed line finds its acceptor by the
   # address `artemis create` gives it, on Artemis' own default ports (5672, 61616), as
-  # start_private_artemis and create_pair_member do.
+  # start_private_artemis and the Artemis pairs (tests/src/artemis_pair/member.rs) do.
   # A test broker must neither halt on a slow CI machine nor block producers on a 90% full disk.
   sed -i \
     -e "/<acceptor name=\"amqp\">/s|tcp://127.0.0.1:5672?|tcp://127.0.0.1:$ARTEMIS_PORT?|" \

@@ -1,17 +1,23 @@
-//! An ActiveMQ Artemis primary/backup pair on a shared store, of one test's own, made by
-//! `scripts/services.sh artemis-pair` (issue 44: a relay's broker list naming an AMQP 1.0
-//! failover pair). The primary answers AMQP 1.0; the backup does not listen until it has taken
-//! the journal's lock from a primary that died or stopped. Dropped, both are killed and the
-//! journal emptied; the instances stay in the cache for the next pair.
+//! An ActiveMQ Artemis primary/backup pair on a shared store, of one test's own (issue 44: a
+//! relay's broker list naming an AMQP 1.0 failover pair). The primary answers AMQP 1.0; the
+//! backup does not listen until it has taken the journal's lock from a primary that died or
+//! stopped. Dropped, both are killed and the journal emptied; the instances stay in the cache
+//! for the next pair.
 //!
 //! Each pair takes a slot: two ports (and their core ports, `ARTEMIS_CORE_PORT_OFFSET` above)
 //! and a folder of its own, held by a lock file while the pair lives, so tests (and other test
 //! processes) run pairs side by side.
+//!
+//! The set-up lives beside it: [`member`] a member's instance (`artemis create` and its edits),
+//! [`broker`] a member's process, [`setup`] the pair's folder started and removed. Artemis
+//! itself is installed by `scripts/services.sh`, as for the tests' shared broker.
 
-use std::path::PathBuf;
+mod broker;
+mod member;
+mod setup;
+
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-use crate::services::script;
 
 /// The first port of the slots, beside every server `scripts/services.sh` starts, the private
 /// Artemis of amqp10_delivery and the RabbitMQ cluster (all in scripts/services/ports.env).
@@ -44,9 +50,11 @@ pub struct ArtemisPair {
 }
 
 /// Where the slots live: in the cache, so that each slot's instances (made by `artemis create`,
-/// seconds of Java) serve every later run.
+/// seconds of Java) serve every later run. Absolute: a member's process is recognised by its
+/// instance's path on its command line.
 fn base_dir() -> PathBuf {
-    crate::cache_dir().join("artemis/pairs")
+    let dir = crate::cache_dir().join("artemis/pairs");
+    std::path::absolute(&dir).unwrap_or(dir)
 }
 
 /// True when nothing listens on 127.0.0.1:`port` now.
@@ -71,20 +79,20 @@ impl ArtemisPair {
                 backup_port: primary_port + 1,
                 _slot: lock,
             };
-            let dir = pair.dir_str().to_string();
-            script(&["artemis-pair-drop", &dir])
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            pair.step(|dir| {
+                setup::remove(dir);
+                Ok(())
+            })
+            .await;
             // A port some other program holds: leave this slot to it.
             let ports = [primary_port, primary_port + 1];
             let core = |port| port + crate::ports::ARTEMIS_CORE_PORT_OFFSET;
             if !ports.iter().all(|&p| port_free(p) && port_free(core(p))) {
                 continue;
             }
-            let (p, b) = (pair.primary_port.to_string(), pair.backup_port.to_string());
-            script(&["artemis-pair", &dir, &p, &b])
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let (primary, backup) = (pair.primary_port, pair.backup_port);
+            pair.step(move |dir| setup::make(dir, primary, backup))
+                .await;
             return pair;
         }
         panic!(
@@ -93,8 +101,19 @@ impl ArtemisPair {
         )
     }
 
-    fn dir_str(&self) -> &str {
-        self.dir.to_str().expect("a UTF-8 cache folder")
+    /// Runs `step` on the pair's folder off the async workers (it waits for brokers, and the
+    /// test's other tasks go on meanwhile); a failed step fails the test.
+    async fn step<F>(&self, step: F)
+    where
+        F: FnOnce(&Path) -> Result<(), String> + Send + 'static,
+    {
+        let dir = self.dir.clone();
+        let done = tokio::task::spawn_blocking(move || step(&dir))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        if let Err(e) = done {
+            panic!("{e}")
+        }
     }
 
     pub fn port(&self, member: Member) -> u16 {
@@ -124,18 +143,20 @@ impl ArtemisPair {
 
     /// SIGKILL: `member` dies as in a crash; its lock on the journal goes with it.
     pub async fn kill(&self, member: Member) {
-        self.stop_with(member, &["--kill"]).await;
+        self.stop_with(member, true).await;
     }
 
     /// SIGTERM: a graceful shutdown, which hands the journal over (failover-on-shutdown).
     pub async fn stop(&self, member: Member) {
-        self.stop_with(member, &[]).await;
+        self.stop_with(member, false).await;
     }
 
-    async fn stop_with(&self, member: Member, extra: &[&str]) {
-        let mut args = vec!["artemis-pair-stop", self.dir_str(), member.name()];
-        args.extend_from_slice(extra);
-        script(&args).await.unwrap_or_else(|e| panic!("{e}"));
+    async fn stop_with(&self, member: Member, kill: bool) {
+        self.step(move |dir| {
+            broker::stop(&setup::instance(dir, member), kill);
+            Ok(())
+        })
+        .await;
     }
 
     /// Waits until `member` takes connections; how long that took from `since`. Panics after
@@ -158,8 +179,8 @@ impl ArtemisPair {
 
     /// `member`'s console log (to show when a test fails).
     pub fn log(&self, member: Member) -> String {
-        let path = self.dir.join(member.name()).join("log/console.log");
-        std::fs::read_to_string(path).unwrap_or_default()
+        std::fs::read_to_string(broker::console_log(&setup::instance(&self.dir, member)))
+            .unwrap_or_default()
     }
 }
 
@@ -167,12 +188,6 @@ impl Drop for ArtemisPair {
     fn drop(&mut self) {
         // Blocking on purpose: a Drop cannot await, and the brokers must be gone before the
         // slot's lock is (the next pair in the slot would find them on its ports).
-        let status = std::process::Command::new(crate::repo_root().join("scripts/services.sh"))
-            .args(["artemis-pair-drop", self.dir_str()])
-            .stdin(std::process::Stdio::null())
-            .status();
-        if !status.is_ok_and(|s| s.success()) {
-            eprintln!("could not stop the Artemis pair in {}", self.dir.display());
-        }
+        setup::remove(&self.dir);
     }
 }

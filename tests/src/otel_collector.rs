@@ -1,5 +1,5 @@
 //! A real OpenTelemetry Collector for the span tests (issue 48): the OTLP receiver and the file
-//! exporter (tests/otel-collector/), built once by `scripts/services.sh otel-collector` and
+//! exporter (tests/otel-collector/), built once by `scripts/otel-collector.sh` and
 //! cached by its inputs. Each test starts a collector of its own, OTLP/HTTP on a free port of
 //! 127.0.0.1, writing what it receives to a file of its own, so tests side by side never see
 //! each other's spans; [`Collector::spans`] reads that file back.
@@ -74,7 +74,7 @@ pub struct ReceivedLink {
 }
 
 impl Collector {
-    /// Builds the collector if needed (scripts/services.sh otel-collector), then starts one
+    /// Builds the collector if needed (scripts/otel-collector.sh), then starts one
     /// of its own for this test: OTLP/HTTP on a free port of 127.0.0.1, writing every span
     /// it receives to a file of its own (fileexporter, JSON). Waits until it accepts.
     pub async fn start() -> Collector {
@@ -139,15 +139,15 @@ impl Drop for Collector {
 }
 
 /// The collector binary, built (once per test process, and once per machine thanks to the
-/// script's cache) by `scripts/services.sh otel-collector`. Built off the async workers: a
+/// script's cache) by `scripts/otel-collector.sh`. Built off the async workers: a
 /// first build takes minutes.
 async fn binary() -> PathBuf {
     static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let path = tokio::task::spawn_blocking(|| {
         PATH.get_or_init(|| {
             crate::process::path_printed_by(
-                &crate::repo_root().join("scripts/services.sh"),
-                &[std::ffi::OsStr::new("otel-collector")],
+                &crate::repo_root().join("scripts/otel-collector.sh"),
+                &[],
                 "the OpenTelemetry Collector (tests/otel-collector/) could not be built: \
                  it needs Go (the version tests/otel-collector/go.mod names, or newer) and \
                  the Go module proxy; the lines above say what went wrong",

@@ -137,6 +137,8 @@ pub const STANDBY_PAIR_SLOTS: u16 = ports_env!("STANDBY_PAIR_SLOTS");
 pub const ARTEMIS_PAIR_FIRST_PORT: u16 = ports_env!("ARTEMIS_PAIR_FIRST_PORT");
 /// How many Artemis pairs' slots (two ports each) there are.
 pub const ARTEMIS_PAIR_SLOTS: u16 = ports_env!("ARTEMIS_PAIR_SLOTS");
+/// The OCI registry `make dist` starts when it is given none.
+pub const REGISTRY_PORT: u16 = ports_env!("REGISTRY_PORT");
 
 #[cfg(test)]
 mod tests {

@@ -1,10 +1,12 @@
-//! A real OCI registry of one test's own (Debian's docker-registry, started by
-//! `scripts/services.sh registry DIR PORT`, plain HTTP on loopback), `make dist` run into it,
-//! and the cosign binary `scripts/cosign.sh` builds once. The registry stops when the handle
-//! drops.
+//! A real OCI registry of one test's own (Debian's docker-registry, plain HTTP on loopback or
+//! on the services address: [`server`]), `make dist` run into it, and the cosign binary
+//! `scripts/cosign.sh` fetches once. The registry stops when the handle drops.
+
+mod server;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -26,48 +28,56 @@ impl Registry {
         let port = std::net::TcpListener::bind(("127.0.0.1", 0))?
             .local_addr()?
             .port();
-        Registry::start_at(dir, "127.0.0.1", port)
+        Registry::start_at(dir, SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
     /// Starts a registry storing under `dir` on a free port of [`SERVICES_ADDRESS`], where the
     /// tests' node (its containerd) reaches it.
     pub fn start_for_node(dir: &Path) -> anyhow::Result<Registry> {
-        Registry::start_at(dir, &SERVICES_ADDRESS.to_string(), services::free_port()?)
+        Registry::start_at(
+            dir,
+            SocketAddr::new(IpAddr::V4(SERVICES_ADDRESS), services::free_port()?),
+        )
     }
 
-    fn start_at(dir: &Path, address: &str, port: u16) -> anyhow::Result<Registry> {
-        std::fs::create_dir_all(dir)?;
-        let script = repo_root().join("scripts/services.sh");
-        let output = Command::new(&script)
-            .arg("registry")
-            .arg(dir)
-            .arg(port.to_string())
-            .arg(address)
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("run {}", script.display()))?;
+    fn start_at(dir: &Path, at: SocketAddr) -> anyhow::Result<Registry> {
         let registry = Registry {
             dir: dir.to_path_buf(),
-            address: format!("{address}:{port}"),
+            address: at.to_string(),
         };
-        if !output.status.success() {
-            bail!(
-                "services.sh registry failed:\n{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
+        server::start(dir, at).map_err(|e| anyhow::anyhow!("the registry: {e}"))?;
         Ok(registry)
     }
 }
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        let _ = Command::new(repo_root().join("scripts/services.sh"))
-            .arg("stop-registry")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .output();
+        server::stop(&self.dir);
+    }
+}
+
+/// `make dist`'s own registry, when it is given none (`bin/outbox-registry.rs`): storing in the
+/// cache, on 127.0.0.1:`REGISTRY_PORT`, and left running for the next `make dist`.
+pub mod machine {
+    use std::net::SocketAddr;
+    use std::path::PathBuf;
+
+    pub fn dir() -> PathBuf {
+        crate::cache_dir().join("registry")
+    }
+
+    pub fn address() -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], crate::ports::REGISTRY_PORT))
+    }
+
+    /// Starts it, or finds it up.
+    pub fn start() -> Result<(), String> {
+        super::server::start(&dir(), address())
+    }
+
+    /// Stops it, keeping what it stores.
+    pub fn stop() {
+        super::server::stop(&dir());
     }
 }
 

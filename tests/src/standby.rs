@@ -1,19 +1,26 @@
-//! A PostgreSQL primary with a synchronous streaming standby of one test's own, made fresh by
-//! `scripts/services.sh standby-pair` (Debian's PostgreSQL 15, `pg_basebackup -R`), and the
-//! faults a failover test drives on it: the primary killed, the standby stopped and started
-//! again, the standby promoted. Dropped, it stops both servers and removes their folder.
+//! A PostgreSQL primary with a synchronous streaming standby of one test's own, made fresh
+//! (Debian's PostgreSQL 15, `pg_basebackup -R`), and the faults a failover test drives on it:
+//! the primary killed, the standby stopped and started again, the standby promoted. Dropped, it
+//! stops both servers and removes their folder.
 //!
 //! Each pair takes a slot: two ports and a folder of its own, held by a lock file while the
 //! pair lives, so tests (and other test processes) run pairs side by side without meeting.
+//!
+//! The set-up lives beside it: [`conf`] the settings, [`pg`] the PostgreSQL tools run as
+//! postgres, [`template`] the cached data directory each primary is copied from, [`setup`] a
+//! pair's folder made, a server made again, the folder removed.
+
+mod conf;
+mod pg;
+mod setup;
+mod template;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::services::script;
-
 /// The first port of the slots, beside every server `scripts/services.sh` starts and the
-/// RabbitMQ cluster's (all in scripts/services/ports.env).
+/// other fixtures' (all in scripts/services/ports.env).
 const FIRST_PORT: u16 = crate::ports::STANDBY_PAIR_FIRST_PORT;
 /// Slots of two ports each.
 const SLOTS: u16 = crate::ports::STANDBY_PAIR_SLOTS;
@@ -91,18 +98,14 @@ impl StandbyPair {
                 standby_port: primary_port + 1,
                 _slot: lock,
             };
-            let dir = pair.dir_str().to_string();
-            script(&["standby-pair-drop", &dir])
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            pair.step(setup::remove).await;
             // A port some other program holds: leave this slot to it.
             if !port_free(pair.primary_port) || !port_free(pair.standby_port) {
                 continue;
             }
-            let (p, s) = (pair.primary_port.to_string(), pair.standby_port.to_string());
-            script(&["standby-pair", &dir, &p, &s])
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let (primary, standby) = (pair.primary_port, pair.standby_port);
+            pair.step(move |dir| setup::make(dir, primary, standby))
+                .await;
             return pair;
         }
         panic!(
@@ -111,8 +114,25 @@ impl StandbyPair {
         )
     }
 
-    fn dir_str(&self) -> &str {
-        self.dir.to_str().expect("a UTF-8 temporary folder")
+    /// Runs `step` on the pair's folder off the async workers (it waits for servers, and the
+    /// test's other tasks go on meanwhile); a failed step fails the test.
+    async fn step<F>(&self, step: F)
+    where
+        F: FnOnce(&Path) -> Result<(), String> + Send + 'static,
+    {
+        if let Err(e) = self.try_step(step).await {
+            panic!("{e}")
+        }
+    }
+
+    async fn try_step<F>(&self, step: F) -> Result<(), String>
+    where
+        F: FnOnce(&Path) -> Result<(), String> + Send + 'static,
+    {
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || step(&dir))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
     }
 
     pub fn port(&self, server: Server) -> u16 {
@@ -163,17 +183,15 @@ impl StandbyPair {
             Stop::Fast => "fast",
             Stop::Immediate => "immediate",
         };
-        script(&["standby-pair-stop", self.dir_str(), server.name(), mode])
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        self.step(move |dir| pg::stop(&setup::server_dir(dir, server)?, mode))
+            .await;
     }
 
     /// Starts `server` again (its data as it was left); returns once it accepts connections.
     /// Never the old primary after a promotion: a read-write client would find two primaries.
     pub async fn start_server(&self, server: Server) {
-        script(&["standby-pair-start", self.dir_str(), server.name()])
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        self.step(move |dir| pg::start(&setup::server_dir(dir, server)?))
+            .await;
     }
 
     /// The primary crashes (`-m immediate`): its clients see the socket close.
@@ -198,16 +216,17 @@ impl StandbyPair {
     /// `server` becomes a primary (after [`Self::rejoin`] the roles are swapped, so the server
     /// called primary may be the standby).
     pub async fn promote_server(&self, server: Server) {
-        script(&["standby-pair-promote", self.dir_str(), server.name()])
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        self.step(move |dir| pg::promote(&setup::server_dir(dir, server)?))
+            .await;
     }
 
     /// `server` (killed, or left behind by a promotion) is made again from a base backup of
     /// the other, which must be a primary, as its synchronous standby: the roles swap, each
     /// server keeps its name and port. Returns once the new standby is synchronous.
     pub async fn rejoin(&self, server: Server) -> Result<(), String> {
-        script(&["standby-pair-rejoin", self.dir_str(), server.name()]).await
+        let ports = (self.primary_port, self.standby_port);
+        self.try_step(move |dir| setup::rejoin(dir, server, ports))
+            .await
     }
 
     /// `pg_is_in_recovery()` of `server`.
@@ -242,7 +261,7 @@ impl StandbyPair {
 
     /// The server log of `server` (to show when a test fails).
     pub fn log(&self, server: Server) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{}.log", server.name()))).unwrap_or_default()
+        std::fs::read_to_string(pg::log_of(&self.dir.join(server.name()))).unwrap_or_default()
     }
 }
 
@@ -250,13 +269,9 @@ impl Drop for StandbyPair {
     fn drop(&mut self) {
         // Blocking on purpose: a Drop cannot await, and the servers must be gone before the
         // slot's lock is (the next pair in the slot would find them on its ports).
-        let status = std::process::Command::new(crate::repo_root().join("scripts/services.sh"))
-            .args(["standby-pair-drop", self.dir_str()])
-            .stdin(std::process::Stdio::null())
-            .status();
-        if !status.is_ok_and(|s| s.success()) {
+        if let Err(e) = setup::remove(&self.dir) {
             eprintln!(
-                "could not remove the standby pair in {}",
+                "could not remove the standby pair in {}: {e}",
                 self.dir.display()
             );
         }

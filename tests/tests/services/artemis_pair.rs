@@ -1,5 +1,5 @@
 //! Issue 44, AMQP 1.0: a relay whose broker list names an ActiveMQ Artemis primary/backup pair
-//! on a shared store (`scripts/services.sh artemis-pair`, a pair of each test's own) follows
+//! on a shared store (`outbox_tests::artemis_pair`, a pair of each test's own) follows
 //! the pair through a failover: the primary SIGKILLed, or stopped gracefully (the pair is made
 //! with failover-on-shutdown). The backup does not listen until it takes over, so the relay's
 //! list moves it from node 1/2 to node 2/2.

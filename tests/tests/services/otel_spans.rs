@@ -1,5 +1,5 @@
 //! Issue 48, point 2: the relay's own spans, received by a real OpenTelemetry Collector (built
-//! from the Go module proxy, `scripts/services.sh otel-collector`) over OTLP/HTTP.
+//! from the Go module proxy, `scripts/otel-collector.sh`) over OTLP/HTTP.
 //!
 //! - One trace per batch: `outbox batch <table>` with its claim, publish and settle spans as
 //!   children; the publish span follows the messaging conventions (a batch `send`), and it links
