@@ -56,66 +56,7 @@ install_chromium
 # Links from the book, the README and the alert rules into the repository are GitHub URLs
 # (files outside docs/ are not pages of the book): each must name a file that exists. The
 # README, read on GitHub, links to files and headings by relative links: each must resolve.
-python3 - "$ROOT" <<'PY'
-import os, re, sys
-root = sys.argv[1]
-base = "https://github.com/outbox-relay/outbox-relay/blob/main/"
-files = ["README.md", "config/prometheus/outbox-relay-alerts.yaml"]
-for dirpath, _, names in os.walk(os.path.join(root, "docs")):
-    files += [os.path.relpath(os.path.join(dirpath, n), root) for n in names if n.endswith(".md")]
-broken = []
-for f in sorted(files):
-    for url in re.findall(re.escape(base) + r"([^)\s#'\"]+)", open(os.path.join(root, f)).read()):
-        if not os.path.exists(os.path.join(root, url)):
-            broken.append(f"{f}: {base}{url}")
-if broken:
-    sys.exit("docs: links to files the repository does not have:\n  " + "\n  ".join(broken))
-print(f"docs: every repository link of {len(files)} files names a file that exists")
-
-
-def github_anchor(heading):
-    """The id GitHub gives a Markdown heading: the text as rendered (code spans and links as
-    their text), lowercased, without punctuation other than '-' and '_', spaces as '-'."""
-    text = heading.replace("`", "")
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text).strip().lower()
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
-
-
-def markdown_anchors(path):
-    text = re.sub(r"^```.*?^```", "", open(path).read(), flags=re.S | re.M)
-    anchors, seen = set(), {}
-    for m in re.finditer(r"^#{1,6} +(.+?)\s*$", text, re.M):
-        anchor = github_anchor(m.group(1))
-        n = seen.get(anchor, 0)
-        anchors.add(anchor if n == 0 else f"{anchor}-{n}")  # GitHub numbers repeated headings
-        seen[anchor] = n + 1
-    return anchors
-
-
-def readme_links():
-    """The README is read on GitHub, outside the book (whose own links `mkdocs build --strict`
-    checks): every relative link names a file of the repository, and an #anchor a heading of
-    it (or of the README itself)."""
-    text = re.sub(r"^```.*?^```", "", open(os.path.join(root, "README.md")).read(), flags=re.S | re.M)
-    broken = []
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if re.match(r"[a-z]+:", target):
-            continue
-        path, _, anchor = target.partition("#")
-        file = os.path.join(root, path) if path else os.path.join(root, "README.md")
-        if not os.path.exists(file):
-            broken.append(target)
-        elif anchor and (not file.endswith(".md") or anchor not in markdown_anchors(file)):
-            broken.append(target)
-    return broken
-
-
-broken = readme_links()
-if broken:
-    sys.exit(f"docs: README.md links to no file or no heading (GitHub's anchors): {broken}")
-print("docs: every relative link and #anchor of README.md resolves")
-PY
+python3 "$ROOT/scripts/docs_check/links.py" "$ROOT"
 
 # Headless Chromium loads each page from file:// and runs its scripts; --dump-dom prints the
 # document as the browser built it. Root has no user namespace sandbox here, hence --no-sandbox.
@@ -125,35 +66,4 @@ for page in index operations/backlog-too-old reference/api reference/cli referen
     chrome --virtual-time-budget=3000 --dump-dom "file://$OUT/site/$page.html" > "$OUT/dom/$page.html"
 done
 chrome --virtual-time-budget=3000 --window-size=1280,1400 --screenshot="$OUT/landing.png" "file://$OUT/site/index.html" >/dev/null
-python3 - "$OUT" "$ROOT/mkdocs.yml" <<'PY'
-import os, re, sys
-out, mkdocs_yml = sys.argv[1], sys.argv[2]
-def dom(page):
-    return open(os.path.join(out, "dom", page + ".html")).read()
-def text(html):
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
-nav_pages = re.findall(r"^\s+- (?:[^:\n]+: )?([\w/.-]+\.md)\s*$", open(mkdocs_yml).read(), re.M)
-problems = []
-def expect(ok, what):
-    if not ok:
-        problems.append(what)
-index = dom("index")
-expect(re.search(r"<title>\s*Outbox Relay\s*</title>", index), "the landing page's <title> is not 'Outbox Relay'")
-expect("Where to go next" in text(index), "the landing page's body did not render")
-links = set(re.findall(r'class="md-nav__link[^"]*"[^>]*href="([^"]+)"|href="([^"]+)"[^>]*class="md-nav__link', index))
-hrefs = {a or b for a, b in links}
-missing = [p for p in nav_pages if p.replace(".md", ".html") not in hrefs and p != "index.md"]
-expect(not missing, f"the navigation lacks {missing}")
-expect(os.path.getsize(os.path.join(out, "landing.png")) > 10000, "the landing page's screenshot is empty")
-runbook = dom("operations/backlog-too-old")
-expect("OutboxRelayBacklogTooOld" in text(runbook), "the runbook page did not render its alert")
-api = dom("reference/api")
-expect(api.count("<table") >= 5, f"the API reference shows {api.count('<table')} tables, not one per object")
-for field in ("spec.database", "spec.broker", "spec.relay", "spec.scaling", "urlSecretRef"):
-    expect(field in text(api), f"the API reference does not show {field}")
-expect("outbox-relay run" in text(dom("reference/cli")), "the CLI reference does not show `outbox-relay run`")
-expect("outbox_relay_messages_published_total" in text(dom("reference/metrics")), "the metrics reference does not show outbox_relay_messages_published_total")
-if problems:
-    sys.exit("docs: the built book, opened in headless Chromium:\n  " + "\n  ".join(problems))
-print(f"docs: the book renders in Chromium: landing page, navigation of {len(nav_pages)} pages, a runbook and the three reference pages ({out}/landing.png)")
-PY
+python3 "$ROOT/scripts/docs_check/rendered.py" "$OUT" "$ROOT/mkdocs.yml"
