@@ -360,8 +360,11 @@ pub struct BrokerSpec {
     /// and the routingKey column are AMQP 0-9-1 options and are refused with it.
     #[serde(default)]
     pub protocol: BrokerProtocol,
-    /// AMQP 1.0 target address: a queue or topic (Service Bus: the entity path; RabbitMQ's
-    /// plugin: /amq/queue/NAME). Required with protocol amqp10, refused with amqp091.
+    /// AMQP 1.0 target address: a queue or topic (Service Bus: the entity path; Artemis: the
+    /// address name). RabbitMQ 4: /queues/NAME, or /exchanges/NAME/ROUTING_KEY (its v2 format);
+    /// RabbitMQ 3.x: /amq/queue/NAME or /exchange/NAME/ROUTING_KEY (v1, deprecated in 4.0 and
+    /// refused where amqp_address_v1 is not permitted). Required with protocol amqp10, refused
+    /// with amqp091.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = ADDRESS_MAX))]
     pub address: Option<String>,
