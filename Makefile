@@ -113,8 +113,9 @@ otel-collector:
 	@./scripts/otel-collector.sh >/dev/null
 
 ## test-rust: the test targets' release build, then every test of the workspace
-## (scripts/test-suite.py): the end-to-end binaries, which mostly wait, side by side; then the
-## rest, the run against database `postgres` and the PostgreSQL 13-18 matrix one at a time.
+## (scripts/test-suite.py): the end-to-end binaries, which mostly wait, side by side, and beside
+## them the PostgreSQL 13-18 and broker matrices and the failover scenarios, one after another;
+## then the rest and the run against database `postgres`, one at a time.
 test-rust:
 	$(CARGO) build --workspace --all-targets --release
 	CARGO='$(CARGO)' ./scripts/test-suite.py

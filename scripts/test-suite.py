@@ -8,13 +8,21 @@ another, as `cargo test --workspace` does, they took about 9 of the 12 minutes o
 
 1. The waiting binaries (WAITING below) run side by side, LANES at a time (3 by default), the
    longest first. Each starts its own control plane, node and namespaces, and uses its own
-   tables, exchanges and databases, so they cannot see each other.
+   tables, exchanges and databases, so they cannot see each other. Beside them, in a lane of
+   their own and one after another, run the jobs that wait on servers of their own rather than
+   on the CPU (SIDE below): the PostgreSQL matrix, the broker matrix (RabbitMQ 4.0) and the
+   failover scenarios (clusters and pairs stopped, killed and brought back). The e2e binaries
+   keep about a fifth of the 2 cores busy each, so three of them leave room for a fourth; run
+   after them, these took 400 of the 1,267 s of the tests (2026-12-07). The failover scenarios
+   come last in the lane: the soak and the e2e failover binary take the RabbitMQ cluster's lease
+   early in phase 1, and a lane waiting on a lease does nothing. TEST_SIDE_LANE=0 runs them in
+   phase 2 instead.
 2. Then, one at a time as before, whatever keeps the CPU busy: the unit tests, every other test
-   target (found with `cargo metadata`, so a new one is never left out), the operator's database
-   tests once more against database `postgres`, the PostgreSQL matrix and the broker matrix
-   (RabbitMQ 4.0). The services binary, for one, keeps both cores busy for its 3 minutes, and
-   the autoscaling scenarios would measure the machine rather than the operator if it ran
-   beside them.
+   target (found with `cargo metadata`, so a new one is never left out) and the operator's
+   database tests once more against database `postgres`. The services binary, for one, keeps
+   both cores busy for its 3 minutes, and the autoscaling scenarios would measure the machine
+   rather than the operator if it ran beside them; the failover scenarios' clusters beside its
+   timing tests (the claim cursor's) slowed those past what they measure.
 
 Each job's output is printed whole when it ends, one job after another, never interleaved; a
 failed job's is printed again at the end. TEST_LANES=1 runs phase 1 one binary at a time.
@@ -30,6 +38,7 @@ import time
 
 CARGO = os.environ.get("CARGO", "cargo")
 LANES = int(os.environ.get("TEST_LANES", "3"))
+SIDE_LANE = os.environ.get("TEST_SIDE_LANE", "1") != "0"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The binaries of outbox-tests that mostly wait on a control plane, with their seconds when run
@@ -211,13 +220,13 @@ def plan():
             selection = [arg for name in sorted(names) for arg in ("--test", name)]
             skip = [arg for module in FAILOVER for arg in ("--skip", f"{module}::")] if package == "outbox-tests" else []
             busy.append(Job(f"{package}: {', '.join(sorted(names))}", RELEASE + ["-p", package] + selection + THREADS + skip))
-    # The failover scenarios, after the rest of the services binary: a three-node RabbitMQ
+    # The failover scenarios, apart from the rest of the services binary: a three-node RabbitMQ
     # cluster and standby pairs beside the timing tests (the claim cursor's) slowed those past
     # what they measure.
-    busy.append(Job(
+    failover = Job(
         f"outbox-tests: services, the failover scenarios ({', '.join(FAILOVER)})",
         RELEASE + ["-p", "outbox-tests", "--test", "services"] + THREADS + [f"{m}::" for m in FAILOVER],
-    ))
+    )
     # Once more against a database not named `test`: URLs made from DATABASE_URL must be
     # parsed, not edited as text, and the tests must leave that database as they found it.
     operator_database_tests = ["services_postgres_database", "services_postgres_cleanup"]
@@ -227,11 +236,16 @@ def plan():
         + [arg for name in operator_database_tests for arg in ("--test", name)] + THREADS,
         env={"DATABASE_URL": POSTGRES_URL}, unchanged=POSTGRES_URL,
     ))
-    # The tests that touch PostgreSQL's behaviour, against every other major services.sh runs.
-    busy.append(Job("PostgreSQL matrix", ["./scripts/postgres-matrix.sh"]))
-    # The tests of the broker's behaviour, against RabbitMQ 4.0 beside 3.10.
-    busy.append(Job("broker matrix (RabbitMQ 4.0)", ["./scripts/broker-matrix.sh"]))
-    return waiting, busy
+    side = [
+        # The tests that touch PostgreSQL's behaviour, against every other major services.sh runs.
+        Job("PostgreSQL matrix", ["./scripts/postgres-matrix.sh"]),
+        # The tests of the broker's behaviour, against RabbitMQ 4.0 beside 3.10.
+        Job("broker matrix (RabbitMQ 4.0)", ["./scripts/broker-matrix.sh"]),
+        failover,
+    ]
+    if not SIDE_LANE:
+        busy, side = busy + side, []
+    return waiting, side, busy
 
 
 def report(job, lock):
@@ -262,17 +276,21 @@ def run_side_by_side(jobs, lanes, lock):
 
 
 def main():
-    waiting, busy = plan()
+    waiting, side, busy = plan()
     lock = threading.Lock()
     started = time.monotonic()
-    print(f"test-suite: phase 1, {len(waiting)} end-to-end jobs, {LANES} at a time", flush=True)
+    print(f"test-suite: phase 1, {len(waiting)} end-to-end jobs, {LANES} at a time, and "
+          f"{len(side)} jobs one after another beside them", flush=True)
+    side_lane = threading.Thread(target=run_side_by_side, args=(side, 1, lock))
+    side_lane.start()
     run_side_by_side(waiting, LANES, lock)
+    side_lane.join()
     phase1 = time.monotonic() - started
     print(f"\ntest-suite: phase 2, {len(busy)} jobs one at a time", flush=True)
     run_side_by_side(busy, 1, lock)
     total = time.monotonic() - started
 
-    jobs = waiting + busy
+    jobs = waiting + side + busy
     failed = [job for job in jobs if job.status != 0]
     print(f"\ntest-suite: phase 1 took {phase1:.0f} s, phase 2 {total - phase1:.0f} s, {total:.0f} s in all")
     for job in sorted(jobs, key=lambda job: -job.seconds):
