@@ -270,3 +270,36 @@ impl Consumer {
         let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
     }
 }
+
+/// What the broker at `url` answers a sender attaching to `address`, as the relay's sender
+/// attaches (the `queue` capability, unsettled): `Ok` when it attached (then closed), or the
+/// error as fe2o3-amqp reports it (`{:?}`: which of link or session ended, the condition, the
+/// description), so a test can show the broker's own words.
+pub async fn attach_sender(url: &str, address: &str) -> Result<(), String> {
+    use fe2o3_amqp::Sender;
+    use fe2o3_amqp::types::messaging::Target;
+
+    let mut connection = Connection::open(crate::unique("test-sender"), url)
+        .await
+        .unwrap_or_else(|e| panic!("AMQP 1.0 broker at {url}: {e}"));
+    let mut session = Session::begin(&mut connection).await.unwrap();
+    let target = Target::builder()
+        .address(address.to_string())
+        .capabilities(Array::from(vec![Symbol::from("queue")]))
+        .build();
+    let attached = Sender::builder()
+        .name(crate::unique("sender"))
+        .target(target)
+        .attach(&mut session)
+        .await;
+    let outcome = match attached {
+        Ok(sender) => {
+            let _ = tokio::time::timeout(Duration::from_secs(5), sender.close()).await;
+            Ok(())
+        }
+        Err(e) => Err(format!("{e:?}")),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), session.end()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), connection.close()).await;
+    outcome
+}

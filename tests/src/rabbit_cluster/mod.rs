@@ -65,6 +65,12 @@ impl Cluster {
         self.node_url_on("127.0.0.1", node)
     }
 
+    /// Node `node`'s (1 to 3) AMQP 1.0 URL from the host, on the same port (core in 4.0, whose
+    /// nodes here deny the deprecated v1 address format; 3.10's nodes have no AMQP 1.0 plugin).
+    pub fn node_amqp10_url(self, node: usize) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}", self.ports()[node - 1])
+    }
+
     /// The broker list of all three nodes, as the relay's `--broker-url` takes it.
     pub fn all_nodes(self) -> String {
         (1..=3)

@@ -338,6 +338,151 @@ cluster_scenarios! {
     on_rabbitmq_4_0 => Cluster::V4_0;
 }
 
+/// What only the 4.0 cluster has: its nodes deny RabbitMQ 4's deprecated AMQP 1.0 address
+/// format v1 (`deprecated_features.permit.amqp_address_v1 = false`), which 3.10 does not know.
+mod on_rabbitmq_4_0_only {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_denied_v1_address_is_a_setting_to_fix_and_its_v2_form_delivers() {
+        super::a_denied_v1_address_is_a_setting_to_fix_and_its_v2_form_delivers().await;
+    }
+}
+
+/// `run` arguments for a relay sending over AMQP 1.0 to `address` at `url`: a refusal counted
+/// against the rows would spend their one attempt.
+fn amqp10_cluster_args<'a>(name: &'a str, url: &'a str, address: &'a str) -> Vec<&'a str> {
+    process::run_args_without_exchange(
+        name,
+        &[
+            "--broker-protocol",
+            "amqp10",
+            "--broker-url",
+            url,
+            "--address",
+            address,
+            "--attempts-column",
+            "attempts",
+            "--max-attempts",
+            "1",
+        ],
+    )
+}
+
+/// Issue 56, point 4: RabbitMQ 4 refusing the v1 address format, on a real 4.0.5 that denies
+/// it (the 4.0 cluster's node 1). A relay given an exchange's v1 address (`/exchange/NAME/KEY`,
+/// the exchange declared, so that only the format is wrong) names the refusal on `/readyz` as
+/// a setting to fix, with the v2 form and `--address`; it claims and settles nothing, never
+/// calls it an outage, and says it once over the ~15 s it retries. The same table with the v2
+/// address (`/exchanges/NAME/KEY`) then delivers every row once. What the broker answers a
+/// sender attaching to the v1 address is printed (and read by the relay's `attach_error`).
+async fn a_denied_v1_address_is_a_setting_to_fix_and_its_v2_form_delivers() {
+    const ROWS: u64 = 300;
+    let cluster = Cluster::V4_0;
+    let lease = Lease::take_on(cluster).await;
+    let name = unique("v1denied");
+    let (table, mut conn) = attempts_table(&name, ROWS).await;
+    // A fanout exchange NAME and its queue NAME_q, bound.
+    declare(&cluster.node_url(1), &name, Default::default()).await;
+    let url = cluster.node_amqp10_url(1);
+    let v1 = format!("/exchange/{name}/orders.created");
+    let v2 = format!("/exchanges/{name}/orders.created");
+
+    // 4.0.5 ends the session (not only the link) with amqp:invalid-field, "Attach rejected:
+    // {amqp_address_v1_not_permitted, {utf8, <<\"ADDRESS\">>}}" (an Erlang term, with line
+    // breaks): what the relay's attach_error reads.
+    let answer = amqp10::attach_sender(&url, &v1).await;
+    eprintln!("{}: a sender attaching to {v1}: {answer:?}", cluster.name());
+    let answer = answer.expect_err("a v1 address attached where v1 is denied");
+    assert!(
+        [
+            "RemoteEndedWithError",
+            "InvalidField",
+            "amqp_address_v1_not_permitted"
+        ]
+        .iter()
+        .all(|word| answer.contains(word)),
+        "{}: {v1}: {answer}",
+        cluster.name()
+    );
+
+    let mut relay = process::spawn_relay(
+        &format!("{name}_v1"),
+        &amqp10_cluster_args(&name, &url, &v1),
+    );
+    let addr = relay.metrics_addr().await;
+    let refusal = format!(
+        "not ready (BrokerSettings): the broker refuses the address {v1} in the v1 format \
+         (RabbitMQ 4): give --address (spec.broker.address) in the v2 format, /queues/NAME for a \
+         queue or /exchanges/NAME/ROUTING-KEY for an exchange"
+    );
+    let named = wait::holds(
+        "/readyz names the refused v1 address",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) = http::get(&addr, "/readyz").await;
+            code == 503 && body.contains(&refusal)
+        },
+    )
+    .await;
+    let (code, body) = http::get(&addr, "/readyz").await;
+    assert!(named, "{code} {body}\n{}", relay.log_text());
+    // Retried meanwhile (with backoff), said once.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let (code, body) = http::get(&addr, "/readyz").await;
+    assert!(code == 503 && body.contains(&refusal), "{code} {body}");
+    let failures = metrics::value(
+        &relay_metrics(&relay).await,
+        "outbox_relay_broker_connect_failures_total{reason=\"BrokerSettings\"}",
+    )
+    .unwrap_or(0.0);
+    let log = relay.log_text();
+    let said = log
+        .lines()
+        .filter(|line| line.contains(&format!("the broker refuses the address {v1} ")))
+        .count();
+    assert_eq!(said, 1, "said once ({failures} refused connects):\n{log}");
+    assert!(failures >= 2.0, "{failures} refused connects:\n{log}");
+    assert!(
+        !log.contains("cannot reach the broker"),
+        "the refusal is no outage:\n{log}"
+    );
+    let (_, libraries) = process::loud_lines(&log);
+    assert!(libraries.is_empty(), "a library's own lines:\n{log}");
+    assert_eq!(db::pending(&mut conn, &table).await, ROWS as i64, "{log}");
+    assert_eq!(refused_rows(&mut conn, &table).await, 0, "attempts spent");
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    eprintln!(
+        "{}: {v1} refused as a setting, said once in {failures} refused connects",
+        cluster.name()
+    );
+
+    // The v2 form of the same exchange and key delivers.
+    let consumer = amqp10::consume(&url, &format!("/queues/{name}_q")).await;
+    let mut relay = process::spawn_relay(
+        &format!("{name}_v2"),
+        &amqp10_cluster_args(&name, &url, &v2),
+    );
+    assert!(
+        db::wait_until_drained(&table, Duration::from_secs(60)).await,
+        "rows sent to {v2} still pending:\n{}",
+        relay.log_text()
+    );
+    let arrived = wait::holds(
+        "every row reached the AMQP 1.0 consumer",
+        Duration::from_secs(30),
+        || async { consumer.distinct() as u64 >= ROWS },
+    )
+    .await;
+    assert!(arrived, "{} of {ROWS} rows arrived", consumer.distinct());
+    assert_eq!(relay.terminate(Duration::from_secs(30)).await, Some(0));
+    // A late duplicate has a moment to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(consumer.duplicates(), 0, "ids sent to {v2} twice");
+    assert_eq!(consumer.total(), ROWS, "messages sent to {v2}");
+    assert_eq!(refused_rows(&mut conn, &table).await, 0, "attempts spent");
+    consumer.stop().await;
+    drop(lease);
+}
+
 /// A quorum queue of at most 100 messages that rejects publishes beyond, emptied by a slow
 /// consumer: the relay is nacked again and again, pauses, and delivers every message with no
 /// attempt spent and nothing dead-lettered. On the tests' single RabbitMQ (a one-node quorum
