@@ -22,7 +22,7 @@ include scripts/services/ports.env
 export DATABASE_URL ?= postgres://postgres@127.0.0.1:$(PG_PORT)/test
 export AMQP_URL ?= amqp://guest:guest@127.0.0.1:$(RABBITMQ_PORT)/%2f
 
-.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke scale soak image fmt script-lint cluster cluster-down cluster-release dist release-tools previous-release otel-collector
+.PHONY: test-servers test-builds demo-services docs docs-check docs-reference node-check all build release demo test test-rust lint module-check fuzz services image-tools control-plane bench bench-smoke crds chart-check e2e-cluster chaos chaos-smoke scale soak image fmt script-lint cluster cluster-down cluster-release dist release-tools previous-release otel-collector toxiproxy
 
 all: build
 
@@ -78,11 +78,12 @@ demo:
 ## (downloads, on a fresh machine), and lint with the release build of every test target. The Go
 ## and Rust builds fill each other's idle core; the downloads cost no CPU. Their lines interleave
 ## (make's --output-sync would hold a build's lines back until it ends, minutes later). The
-## release tools (cosign, cargo-cyclonedx) and the OpenTelemetry Collector the span tests send
-## to (each built once, cached) take the first free slots, which are usually the downloads':
-## built here, not by the first test that runs make dist or starts a collector.
+## release tools (cosign, cargo-cyclonedx), the OpenTelemetry Collector the span tests send to
+## and Toxiproxy (each built once, cached) take the first free slots, which are usually the
+## downloads': built here, not by the first test that runs make dist or starts a collector or a
+## Toxiproxy.
 test: node-check
-	@$(MAKE) --no-print-directory -j3 control-plane test-servers test-builds release-tools otel-collector
+	@$(MAKE) --no-print-directory -j3 control-plane test-servers test-builds release-tools otel-collector toxiproxy
 	@$(MAKE) --no-print-directory test-rust chart-check docs-check bench-smoke chaos-smoke fuzz SMOKE_BINARIES=test-rust
 
 ## test-servers: the servers and every tool the tests use, one after another (apt runs one at a time).
@@ -111,6 +112,13 @@ control-plane:
 ## starts its own (tests/src/otel_collector.rs).
 otel-collector:
 	@./scripts/otel-collector.sh >/dev/null
+
+## toxiproxy: Toxiproxy v2.12.0 (github.com/Shopify/toxiproxy/v2, Go module proxy), for the
+## application-level fault tests (latency, bandwidth, a connection cut mid-frame); built once,
+## cached under ~/.cache/outbox-relay/toxiproxy-<hash of its version, the Go version and the
+## flags>/. Each test starts its own (tests/src/toxiproxy.rs).
+toxiproxy:
+	@./scripts/toxiproxy.sh >/dev/null
 
 ## test-rust: the test targets' release build, then every test of the workspace
 ## (scripts/test-suite.py): the end-to-end binaries, which mostly wait, side by side, and beside

@@ -1,4 +1,4 @@
-//! Talking to HTTP endpoints from a test: a relay's, the OpenTelemetry Collector's.
+//! Talking to HTTP endpoints from a test: a relay's, the OpenTelemetry Collector's, Toxiproxy's.
 
 /// The address a relay logged for its HTTP server (`serving /metrics … addr=…`).
 pub fn metrics_addr(log: &str) -> Option<String> {
@@ -33,6 +33,15 @@ pub async fn post(addr: &str, path: &str, content_type: &str, body: &[u8]) -> (u
     .into_bytes();
     message.extend_from_slice(body);
     request(addr, message).await
+}
+
+/// A plain HTTP/1.1 DELETE; returns the status code and the whole response text.
+pub async fn delete(addr: &str, path: &str) -> (u16, String) {
+    request(
+        addr,
+        format!("DELETE {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").into_bytes(),
+    )
+    .await
 }
 
 /// Sends `message` (a whole request) on a new connection and reads the response to its end.

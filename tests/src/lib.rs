@@ -41,6 +41,7 @@ pub mod standby;
 pub mod test_broker;
 pub mod timeline;
 pub mod tls;
+pub mod toxiproxy;
 pub mod unix_proxy;
 pub mod wait;
 
