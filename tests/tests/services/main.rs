@@ -9,6 +9,7 @@
 //! (`tests/tests/e2e_*.rs`, `long_*.rs`): each binary shares one control plane among its tests.
 
 mod amqp10_delivery;
+mod app_faults;
 mod artemis_pair;
 mod bad_input;
 mod broker_alarm;
