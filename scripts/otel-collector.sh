@@ -15,15 +15,9 @@ OTEL_COLLECTOR_LDFLAGS="-s -w"
 say() { echo "otel-collector: $*" >&2; }
 src="$(cd "$(dirname "$0")/.." && pwd)/tests/otel-collector"
 need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$src/go.mod")
-if ! command -v go >/dev/null; then
-  say "building the OpenTelemetry Collector needs Go >= $need_go: install Go $need_go or newer (.ci/run installs it)"
-  exit 1
-fi
-have_go=$(go env GOVERSION | sed 's/^go//')
-if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -1)" != "$need_go" ]; then
-  say "building the OpenTelemetry Collector needs Go >= $need_go; this machine has $have_go"
-  exit 1
-fi
+# shellcheck source-path=SCRIPTDIR source=require-go.sh
+. "$(dirname "$0")/require-go.sh"
+require_go "$need_go" "the OpenTelemetry Collector"
 key=$( { cat "$src/go.mod" "$src/go.sum" "$src/main.go"; go env GOVERSION; echo "$OTEL_COLLECTOR_LDFLAGS"; } \
   | sha256sum | cut -c1-16)
 cache="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}"

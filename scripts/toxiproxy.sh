@@ -20,15 +20,9 @@ TOXIPROXY_GO="1.22"
 # The version stamp is what `make` would put there (`toxiproxy-server -version`, GET /version).
 TOXIPROXY_LDFLAGS="-s -w -X $TOXIPROXY_MODULE.Version=$TOXIPROXY_VERSION"
 say() { echo "toxiproxy: $*" >&2; }
-if ! command -v go >/dev/null; then
-  say "building Toxiproxy needs Go >= $TOXIPROXY_GO: install Go $TOXIPROXY_GO or newer (.ci/run installs it)"
-  exit 1
-fi
-have_go=$(go env GOVERSION | sed 's/^go//')
-if [ "$(printf '%s\n%s\n' "$TOXIPROXY_GO" "$have_go" | sort -V | head -1)" != "$TOXIPROXY_GO" ]; then
-  say "building Toxiproxy needs Go >= $TOXIPROXY_GO; this machine has $have_go"
-  exit 1
-fi
+# shellcheck source-path=SCRIPTDIR source=require-go.sh
+. "$(dirname "$0")/require-go.sh"
+require_go "$TOXIPROXY_GO" Toxiproxy
 key=$( { echo "$TOXIPROXY_MODULE@$TOXIPROXY_VERSION"; go env GOVERSION; echo "$TOXIPROXY_LDFLAGS"; } \
   | sha256sum | cut -c1-16)
 cache="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}"

@@ -18,6 +18,7 @@ pub mod helm;
 pub mod history;
 pub mod http;
 pub mod load;
+pub mod local_server;
 pub mod lock_file;
 pub mod metrics;
 pub mod node;

@@ -11,11 +11,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
+
+use crate::local_server;
 
 /// How long a started collector has to accept connections (it takes well under a second; the
 /// rest is room for a machine busy with builds).
@@ -84,18 +86,17 @@ impl Collector {
         let log = crate::process::log_path(&crate::unique("otel_collector"));
         let mut last_failure = String::new();
         for _ in 0..START_ATTEMPTS {
-            let port = free_loopback_port();
+            let port = local_server::free_loopback_port();
             match start_on(&program, &dir, &log, port).await {
                 Ok(collector) => return collector,
                 Err(failure) => last_failure = failure,
             }
         }
-        let said = std::fs::read_to_string(&log).unwrap_or_default();
         panic!(
             "the OpenTelemetry Collector did not start ({START_ATTEMPTS} tries): {last_failure}; \
              its log ({}) ends:\n{}",
             log.display(),
-            tail(&said, 30)
+            crate::daemon::log_tail(&log, 30)
         );
     }
 
@@ -124,8 +125,7 @@ impl Collector {
 
 impl Drop for Collector {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        local_server::stop(&mut self.child);
         if std::thread::panicking() {
             eprintln!(
                 "the OpenTelemetry Collector's files are kept in {} (its log: {})",
@@ -138,40 +138,17 @@ impl Drop for Collector {
     }
 }
 
-/// The collector binary, built (once per test process, and once per machine thanks to the
-/// script's cache) by `scripts/otel-collector.sh`. Built off the async workers: a
-/// first build takes minutes.
+/// The collector binary, built by `scripts/otel-collector.sh`.
 async fn binary() -> PathBuf {
-    static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let path = tokio::task::spawn_blocking(|| {
-        PATH.get_or_init(|| {
-            crate::process::path_printed_by(
-                &crate::repo_root().join("scripts/otel-collector.sh"),
-                &[],
-                "the OpenTelemetry Collector (tests/otel-collector/) could not be built: \
-                 it needs Go (the version tests/otel-collector/go.mod names, or newer) and \
-                 the Go module proxy; the lines above say what went wrong",
-            )
-        })
-        .clone()
-    })
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    local_server::built_by(
+        &BUILT,
+        "scripts/otel-collector.sh",
+        "the OpenTelemetry Collector (tests/otel-collector/) could not be built: it needs Go (the \
+         version tests/otel-collector/go.mod names, or newer) and the Go module proxy; the lines \
+         above say what went wrong",
+    )
     .await
-    .expect("the collector's build does not panic");
-    path.unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// The last `lines` lines of `text`.
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// A port of 127.0.0.1 nobody listens on now.
-fn free_loopback_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port on 127.0.0.1")
-        .port()
 }
 
 /// Starts the collector on `port` and waits until it accepts; `Err` says why it did not (it
@@ -181,49 +158,17 @@ async fn start_on(program: &Path, dir: &Path, log: &Path, port: u16) -> Result<C
     let config = dir.join("config.yaml");
     std::fs::write(&config, config_yaml(port, &output))
         .unwrap_or_else(|e| panic!("write {}: {e}", config.display()));
-    let log_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
-    let stdout = log_file
-        .try_clone()
-        .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-    let mut child = Command::new(program)
-        .arg("--config")
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(log_file))
-        .spawn()
-        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
-    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
-    loop {
-        // The receivers start last, after the exporters: accepting means the pipeline is up.
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return Ok(Collector {
-                child,
-                port,
-                output,
-                dir: dir.to_path_buf(),
-                log: log.to_path_buf(),
-            });
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("it exited ({status}) on port {port}"));
-        }
-        if tokio::time::Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "it did not accept on port {port} within {START_TIMEOUT:?}"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut child =
+        local_server::spawn_logged(Command::new(program).arg("--config").arg(&config), log);
+    // The receivers start last, after the exporters: accepting means the pipeline is up.
+    local_server::until_accepting(&mut child, port, START_TIMEOUT).await?;
+    Ok(Collector {
+        child,
+        port,
+        output,
+        dir: dir.to_path_buf(),
+        log: log.to_path_buf(),
+    })
 }
 
 /// The collector's configuration: the OTLP receiver on HTTP only (gRPC's default port would

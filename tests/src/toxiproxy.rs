@@ -11,11 +11,13 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+
+use crate::local_server;
 
 /// How long a started server has to answer its API (well under a second; the rest is room for
 /// a machine busy with builds).
@@ -108,7 +110,7 @@ impl Toxiproxy {
         let log = crate::process::log_path(&crate::unique("toxiproxy"));
         let mut last_failure = String::new();
         for _ in 0..START_ATTEMPTS {
-            let port = free_loopback_port();
+            let port = local_server::free_loopback_port();
             match start_on(&program, &log, port).await {
                 Ok(server) => return server,
                 Err(failure) => last_failure = failure,
@@ -166,8 +168,7 @@ impl Toxiproxy {
 
 impl Drop for Toxiproxy {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        local_server::stop(&mut self.child);
         if std::thread::panicking() {
             eprintln!("Toxiproxy's log: {}", self.log.display());
         }
@@ -248,84 +249,42 @@ fn upstream_of(url: &url::Url) -> SocketAddr {
         .unwrap_or_else(|| panic!("{url} names no address"))
 }
 
-/// The server binary, built (once per test process, and once per machine thanks to the
-/// script's cache) by `scripts/toxiproxy.sh`, off the async workers.
+/// The server binary, built by `scripts/toxiproxy.sh`.
 async fn binary() -> PathBuf {
-    static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let path = tokio::task::spawn_blocking(|| {
-        PATH.get_or_init(|| {
-            crate::process::path_printed_by(
-                &crate::repo_root().join("scripts/toxiproxy.sh"),
-                &[],
-                "Toxiproxy could not be built: it needs Go and the Go module proxy; the lines \
-                 above say what went wrong",
-            )
-        })
-        .clone()
-    })
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    local_server::built_by(
+        &BUILT,
+        "scripts/toxiproxy.sh",
+        "Toxiproxy could not be built: it needs Go and the Go module proxy; the lines above say \
+         what went wrong",
+    )
     .await
-    .expect("Toxiproxy's build does not panic");
-    path.unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A port of 127.0.0.1 nobody listens on now.
-fn free_loopback_port() -> u16 {
-    std::net::TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port on 127.0.0.1")
-        .port()
 }
 
 /// Starts the server on `port` and waits until its API answers with the pinned version; `Err`
 /// says why it did not, with the process gone.
 async fn start_on(program: &Path, log: &Path, port: u16) -> Result<Toxiproxy, String> {
-    let log_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
-    let stdout = log_file
-        .try_clone()
-        .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-    let mut child = Command::new(program)
-        .args(["-host", "127.0.0.1", "-port", &port.to_string()])
-        // Its default logs every API call at trace level, several lines each.
-        .env("LOG_LEVEL", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(log_file))
-        .spawn()
-        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
+    let mut child = local_server::spawn_logged(
+        Command::new(program)
+            .args(["-host", "127.0.0.1", "-port", &port.to_string()])
+            // Its default logs every API call at trace level, several lines each.
+            .env("LOG_LEVEL", "info"),
+        log,
+    );
+    local_server::until_accepting(&mut child, port, START_TIMEOUT).await?;
     let api = format!("127.0.0.1:{port}");
-    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
-    loop {
-        if tokio::net::TcpStream::connect(&api).await.is_ok() {
-            let (code, text) = crate::http::get(&api, "/version").await;
-            if code == 200 && text.contains(VERSION) {
-                return Ok(Toxiproxy {
-                    child,
-                    api,
-                    log: log.to_path_buf(),
-                });
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "GET /version on {api} answered {code}, not {VERSION}: {text}"
-            ));
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("it exited ({status}) on port {port}"));
-        }
-        if tokio::time::Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!(
-                "its API did not answer on {api} within {START_TIMEOUT:?}"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let (code, text) = crate::http::get(&api, "/version").await;
+    if code != 200 || !text.contains(VERSION) {
+        local_server::stop(&mut child);
+        return Err(format!(
+            "GET /version on {api} answered {code}, not {VERSION}: {text}"
+        ));
     }
+    Ok(Toxiproxy {
+        child,
+        api,
+        log: log.to_path_buf(),
+    })
 }
 
 #[cfg(test)]

@@ -359,7 +359,7 @@ impl ControlPlane {
         let mut components = self.components.lock().expect("not poisoned");
         for component in components.iter_mut() {
             if let Some(status) = component.child.try_wait()? {
-                let tail = tail_file(&component.log, 40);
+                let tail = crate::daemon::log_tail(&component.log, 40);
                 bail!("{} exited with {status}:\n{tail}", component.name);
             }
         }
@@ -482,7 +482,8 @@ impl ControlPlane {
         let mut text = String::new();
         for (name, log) in components.unwrap_or_default() {
             text.push_str(&format!("--- last {lines} lines of {name} ---\n"));
-            text.push_str(&tail_file(&log, lines));
+            text.push_str(&crate::daemon::log_tail(&log, lines));
+            text.push('\n');
         }
         text
     }
@@ -568,16 +569,6 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// The last `lines` lines of the file at `path` (empty when it cannot be read).
-pub fn tail_file(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    let start = all.len().saturating_sub(lines);
-    let mut tail = all[start..].join("\n");
-    tail.push('\n');
-    tail
-}
-
 /// On a failing test, prints the last lines of the control plane's logs after the panic
 /// message, so a red run explains itself. Installed once per process, for every control plane
 /// directory it starts.
@@ -597,7 +588,7 @@ fn install_failure_logs(dir: &Path) {
                         eprintln!(
                             "--- last 20 lines of {} ---\n{}",
                             log.display(),
-                            tail_file(&log, 20)
+                            crate::daemon::log_tail(&log, 20)
                         );
                     }
                 }

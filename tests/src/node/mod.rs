@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 
 use crate::control_plane::spawn::spawn_for_process_lifetime;
-use crate::control_plane::{ControlPlane, Usage, tail_file};
+use crate::control_plane::{ControlPlane, Usage};
+use crate::daemon::log_tail;
 use crate::process;
 use cgroups::CgroupRoot;
 use cni::NetworkList;
@@ -238,7 +239,7 @@ impl Node {
         }
         for component in &mut self.components {
             if let Some(status) = component.child.try_wait()? {
-                let tail = tail_file(&component.log, 40);
+                let tail = log_tail(&component.log, 40);
                 bail!("{} exited with {status}:\n{tail}", component.name);
             }
         }
@@ -253,7 +254,8 @@ impl Node {
                 "--- last {lines} lines of {} ---\n",
                 component.name
             ));
-            text.push_str(&tail_file(&component.log, lines));
+            text.push_str(&log_tail(&component.log, lines));
+            text.push('\n');
         }
         text
     }
