@@ -129,10 +129,14 @@ test-rust:
 	CARGO='$(CARGO)' ./scripts/test-suite.py
 
 ## lint: formatting, clippy with warnings denied, no import circle between either crate's modules,
-## and the scripts' lint.
+## and the scripts' lint. Clippy runs with the release profile: its proc macros and build scripts
+## (sqlx's and kube's macros, ring's and mimalloc's C) are then the ones the release build has
+## compiled already (module-check, and test-builds after it), not a second, debug set. Measured
+## after a release build: 106 s instead of 182 s on 2 cores. The workspace has no
+## cfg(debug_assertions) code that the release profile would hide from it.
 lint: module-check script-lint
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 ## module-check: no import circle between the modules of either crate, nor between their
 ## top-level folders. tests/tests/repo_imports.rs reads the sources with syn: seconds once
