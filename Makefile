@@ -185,7 +185,7 @@ chaos: services release
 ## and until all are reconciled after their Secrets' rotation, operator RSS, reconcile p99,
 ## sessions per database (at most 2) and 429s (none). SCALE_RELAYS= to change the count.
 SCALE_RELAYS ?= 1000
-scale: control-plane services
+scale: control-plane services release
 	OPERATOR_SCALE_RELAYS=$(SCALE_RELAYS) $(CARGO) test --release -p outbox-tests --test long_operator_scale -- --nocapture
 
 ## soak: two relay pods of one OutboxRelay, run by the operator on the real node, at half their
@@ -196,7 +196,7 @@ scale: control-plane services
 ## that does not come back within 10 minutes of the long transaction, or a lost message. The CSV,
 ## the table and the plot go to target/soak/ (SOAK_DIR=).
 MINUTES ?= 90
-soak: control-plane services
+soak: control-plane services release
 	SOAK_MINUTES=$(MINUTES) $(CARGO) test --release -p outbox-tests --test long_soak -- --nocapture
 
 ## chaos-smoke: a seconds-long chaos run, unordered and with per-key ordering.

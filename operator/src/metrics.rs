@@ -1,9 +1,10 @@
-//! Prometheus metrics of the operator: reconciles, failures by cause, and duration, per relay.
+//! Prometheus metrics of the operator: reconciles, failures by cause, and duration, per relay;
+//! the reconciles running now; and the requests it sent the API server, by method and answer.
 
 use outbox_relay::metrics::registered;
 use outbox_relay::telemetry::export::ExportCounters;
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -11,6 +12,11 @@ pub struct Metrics {
     reconciles: IntCounterVec,
     failures: IntCounterVec,
     duration: HistogramVec,
+    /// Reconciles started and not yet finished: at most the reconcile concurrency.
+    in_flight: IntGauge,
+    /// Requests to the API server, by HTTP method and status code ("error" when no answer
+    /// came): what the operator costs the control plane, and any 429 it was told.
+    pub api_requests: IntCounterVec,
     /// The reconcile spans exported over OTLP, and those lost in failed exports.
     pub spans: ExportCounters,
 }
@@ -51,6 +57,24 @@ impl Default for Metrics {
                 &["relay"],
             ),
         );
+        let in_flight = registered(
+            r,
+            IntGauge::new(
+                "reconciles_in_flight",
+                "Reconciles running now (bounded by --reconcile-concurrency)",
+            ),
+        );
+        let api_requests = registered(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    "api_requests_total",
+                    "Requests sent to the Kubernetes API server, by HTTP method and status code \
+                     (\"error\" when none came back)",
+                ),
+                &["method", "code"],
+            ),
+        );
         let spans = ExportCounters {
             exported: registered(
                 r,
@@ -72,17 +96,35 @@ impl Default for Metrics {
             reconciles,
             failures,
             duration,
+            in_flight,
+            api_requests,
             spans,
         }
     }
 }
 
+/// One reconcile being timed and counted as in flight; both end when it is dropped.
+pub struct ReconcileGuard {
+    _timer: prometheus::HistogramTimer,
+    in_flight: IntGauge,
+}
+
+impl Drop for ReconcileGuard {
+    fn drop(&mut self) {
+        self.in_flight.dec();
+    }
+}
+
 impl Metrics {
-    /// Counts a reconcile of `relay` (`namespace/name`); the returned guard records its
-    /// duration when dropped.
-    pub fn reconcile_started(&self, relay: &str) -> prometheus::HistogramTimer {
+    /// Counts a reconcile of `relay` (`namespace/name`) and one more in flight; the returned
+    /// guard records its duration and counts it out when dropped.
+    pub fn reconcile_started(&self, relay: &str) -> ReconcileGuard {
         self.reconciles.with_label_values(&[relay]).inc();
-        self.duration.with_label_values(&[relay]).start_timer()
+        self.in_flight.inc();
+        ReconcileGuard {
+            _timer: self.duration.with_label_values(&[relay]).start_timer(),
+            in_flight: self.in_flight.clone(),
+        }
     }
 
     /// Counts a failed reconcile of `relay` by its cause, the error's metric label.
@@ -102,6 +144,7 @@ impl Metrics {
         metrics.reconciles.with_label_values(&[""]);
         metrics.failures.with_label_values(&["", ""]);
         metrics.duration.with_label_values(&[""]);
+        metrics.api_requests.with_label_values(&["", ""]);
         metrics.registry.gather()
     }
 
@@ -136,6 +179,25 @@ mod tests {
         assert!(
             text.contains("outbox_operator_reconcile_duration_seconds_count"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_reconcile_is_in_flight_until_its_guard_is_dropped() {
+        let metrics = Metrics::default();
+        let first = metrics.reconcile_started("shop/orders");
+        let second = metrics.reconcile_started("shop/invoices");
+        assert!(
+            metrics
+                .render()
+                .contains("outbox_operator_reconciles_in_flight 2")
+        );
+        drop(first);
+        drop(second);
+        assert!(
+            metrics
+                .render()
+                .contains("outbox_operator_reconciles_in_flight 0")
         );
     }
 }

@@ -338,6 +338,12 @@ pub fn denials(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String>
 /// lost race (below). So a resource, version or field the server does not serve shows up (404
 /// on a list, watch or apply; 400; 422 elsewhere), besides denials.
 ///
+/// A read (`get`, `list`, `watch`) answered 5xx is the server's own failure, not a refusal of
+/// anything the client asked: a loaded single-node etcd times out, or the client went away
+/// mid-request as it stopped. Seen once on a fresh machine's run of the oldest Kubernetes, a
+/// lease `get` answered 500 while three end-to-end jobs and a build shared two cores. Writes
+/// answered 5xx still count: a conversion or admission failure shows up that way.
+///
 /// kube-runtime's finalizer helper, the operator's only patch of an OutboxRelay itself (not a
 /// subresource), adds and removes its entry with a JSON patch whose `test` operation checks the
 /// finalizers it saw in its cache: a stale cache (a watch restarted, as when the operator has
@@ -346,9 +352,11 @@ pub fn denials(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String>
 pub fn refusals(plane: &ControlPlane, namespace: &str, name: &str) -> Vec<String> {
     audited_responses(plane, namespace, name, |code, verb, resource| {
         let finalizer_race = code == 422 && verb == "patch" && resource == "outboxrelays";
+        let server_failed_a_read = code >= 500 && matches!(verb, "get" | "list" | "watch");
         let expected = matches!(code, 409 | 410 | 429)
             || (code == 404 && matches!(verb, "get" | "delete"))
-            || finalizer_race;
+            || finalizer_race
+            || server_failed_a_read;
         code >= 400 && !expected
     })
 }
@@ -407,8 +415,15 @@ fn audited_responses(
         })
         .map(|e| {
             format!(
-                "{} {}: {} ({})",
-                e["verb"], e["objectRef"]["resource"], e["requestURI"], e["responseStatus"]["code"]
+                "{} {}: {} ({}{})",
+                e["verb"],
+                e["objectRef"]["resource"],
+                e["requestURI"],
+                e["responseStatus"]["code"],
+                e["responseStatus"]["message"]
+                    .as_str()
+                    .map(|message| format!(": {message}"))
+                    .unwrap_or_default()
             )
         })
         .collect()

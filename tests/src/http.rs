@@ -44,22 +44,29 @@ pub async fn delete(addr: &str, path: &str) -> (u16, String) {
     .await
 }
 
+/// A GET that may find nothing listening (a process starting or stopping): `None` then.
+pub async fn try_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let message = format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n");
+    try_request(addr, message.as_bytes()).await.ok()
+}
+
 /// Sends `message` (a whole request) on a new connection and reads the response to its end.
 async fn request(addr: &str, message: Vec<u8>) -> (u16, String) {
+    try_request(addr, &message)
+        .await
+        .unwrap_or_else(|e| panic!("HTTP request to {addr}: {e}"))
+}
+
+async fn try_request(addr: &str, message: &[u8]) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
-    stream.write_all(&message).await.expect("send request");
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(message).await?;
     let mut text = String::new();
-    stream
-        .read_to_string(&mut text)
-        .await
-        .expect("read response");
+    stream.read_to_string(&mut text).await?;
     let code = text
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    (code, text)
+    Ok((code, text))
 }

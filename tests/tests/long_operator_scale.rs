@@ -3,9 +3,12 @@
 //! each table and counts its backlog), the operator as a process with the chart's RBAC. Checked:
 //! every relay becomes Ready, the operator never has more than two sessions on one database,
 //! the API server never asked it to back off (429), and a change that touches every relay (each
-//! database Secret rotated) reconciles them all again under the same bound. What it took (time,
-//! operator RSS, reconcile p99) is printed, not asserted: `make scale` runs the same with 1,000
-//! relays (OPERATOR_SCALE_RELAYS) and the book carries its figures.
+//! database Secret rotated) reconciles them all again under the same bound; no request was
+//! answered 429 and no more reconciles ran at once than the concurrency bound allows. What it
+//! took (time, operator RSS, reconcile p99, API requests per second, the queue of relays waiting
+//! for their reconcile after the rotation and how it drained) is printed, not asserted: `make
+//! scale` runs the same with 1,000 relays (OPERATOR_SCALE_RELAYS) and the book carries its
+//! figures.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +19,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use outbox_operator::OutboxRelay;
+use outbox_operator::reconcile::driver::context::DEFAULT_RECONCILE_CONCURRENCY;
 use outbox_relay::table::OutboxTable;
 use outbox_relay::table::ident::TableName;
 use outbox_tests::cluster::{
@@ -61,6 +65,104 @@ async fn watch_sessions(databases: Vec<String>, stop: Arc<AtomicBool>) -> BTreeM
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     most
+}
+
+/// The sum of every series of one metric family in a text exposition.
+fn family_sum(text: &str, family: &str) -> f64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// What the operator's API client and controller did, sampled every half second until stopped.
+#[derive(Debug, Default)]
+struct ApiLoad {
+    /// Requests sent in the busiest second (from two samples a second apart).
+    peak_per_second: f64,
+    /// The most reconciles seen running at once.
+    peak_in_flight: f64,
+    /// (seconds since the start, requests sent so far), for rates over any window.
+    requests: Vec<(f64, f64)>,
+}
+
+impl ApiLoad {
+    /// Requests per second between two moments (seconds since the sampler's start).
+    fn rate(&self, from: f64, to: f64) -> f64 {
+        let at = |t: f64| {
+            self.requests
+                .iter()
+                .take_while(|(when, _)| *when <= t)
+                .last()
+                .map_or(0.0, |(_, n)| *n)
+        };
+        (at(to) - at(from)) / (to - from).max(1e-9)
+    }
+}
+
+async fn watch_api_load(
+    operator_metrics: String,
+    started: Instant,
+    stop: Arc<AtomicBool>,
+) -> ApiLoad {
+    let mut load = ApiLoad::default();
+    while !stop.load(Ordering::Relaxed) {
+        // Nothing listens yet while the operator starts.
+        let Some((_, text)) = http::try_get(&operator_metrics, "/metrics").await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let now = started.elapsed().as_secs_f64();
+        let sent = family_sum(&text, "outbox_operator_api_requests_total");
+        load.peak_in_flight = load
+            .peak_in_flight
+            .max(family_sum(&text, "outbox_operator_reconciles_in_flight"));
+        if let Some((_, then)) = load.requests.iter().rev().find(|(t, _)| now - t >= 1.0) {
+            load.peak_per_second = load.peak_per_second.max(sent - then);
+        }
+        load.requests.push((now, sent));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    load
+}
+
+/// The requests the API server answered 429, by method.
+async fn too_many_requests(operator: &OperatorProcess) -> Vec<String> {
+    let (_, text) = http::get(&operator.metrics_addr, "/metrics").await;
+    text.lines()
+        .filter(|line| {
+            line.starts_with("outbox_operator_api_requests_total{") && line.contains("code=\"429\"")
+        })
+        .filter(|line| !line.ends_with(" 0"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `METHOD code: count` of every series of `outbox_operator_api_requests_total`, and the number
+/// of reconciles so far: what one reconcile costs the API server.
+async fn api_requests_by_answer(operator: &OperatorProcess) -> (Vec<String>, f64) {
+    let (_, text) = http::get(&operator.metrics_addr, "/metrics").await;
+    let by_answer = text
+        .lines()
+        .filter_map(|line| {
+            let labels = line.strip_prefix("outbox_operator_api_requests_total{")?;
+            let (labels, count) = labels.split_once("} ")?;
+            let label = |name: &str| {
+                labels
+                    .split(',')
+                    .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
+                    .map(|v| v.trim_end_matches('"').to_string())
+            };
+            Some(format!("{} {}: {count}", label("method")?, label("code")?))
+        })
+        .collect();
+    (
+        by_answer,
+        family_sum(&text, "outbox_operator_reconciles_total"),
+    )
 }
 
 /// `outbox_operator_reconciles_total` of every relay, by `namespace/name`.
@@ -175,6 +277,12 @@ async fn many_relays_become_ready_within_two_sessions_per_database_and_no_thrott
     let operator = OperatorProcess::start(plane, &namespace, &namespace, "scale", &[])
         .await
         .expect("start the operator");
+    let load_stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(watch_api_load(
+        operator.metrics_addr.clone(),
+        started,
+        load_stop.clone(),
+    ));
     let ready = outbox_tests::wait::holds(
         "every relay Ready (Suspended)",
         Duration::from_secs(60 + count as u64),
@@ -204,21 +312,56 @@ async fn many_relays_become_ready_within_two_sessions_per_database_and_no_thrott
             .await
             .unwrap();
     }
+    // The relays still waiting for their reconcile after the rotation: the controller's queue as
+    // a user sees it, sampled while it drains.
+    let waiting = std::sync::Mutex::new(Vec::<(f64, usize)>::new());
     let all_again = outbox_tests::wait::holds(
         "every relay reconciled after the rotation",
         Duration::from_secs(60 + count as u64),
         || async {
             let now = reconciles(&operator).await;
-            before
+            let left = before
                 .iter()
-                .all(|(relay, then)| now.get(relay) > Some(then))
-                && before.len() == count
+                .filter(|(relay, then)| now.get(*relay) <= Some(*then))
+                .count();
+            waiting
+                .lock()
+                .unwrap()
+                .push((rotated_at.elapsed().as_secs_f64(), left));
+            left == 0 && before.len() == count
         },
     )
     .await;
     let to_reconcile_all = rotated_at.elapsed();
     stop.store(true, Ordering::Relaxed);
+    load_stop.store(true, Ordering::Relaxed);
     let most = sessions.await.unwrap();
+    let load = load.await.unwrap();
+    let ready_at = to_ready.as_secs_f64();
+    let rotated = rotated_at.duration_since(started).as_secs_f64();
+    let waiting = waiting.into_inner().unwrap();
+    let drained = |share: f64| {
+        waiting
+            .iter()
+            .find(|(_, left)| (*left as f64) <= share * count as f64)
+            .map_or(f64::NAN, |(t, _)| *t)
+    };
+    eprintln!(
+        "API requests: {:.1}/s on average until all were Ready, {:.1}/s from the rotation until \
+         all were reconciled again, {:.0} in the busiest second; at most {} reconciles at once \
+         (bound {DEFAULT_RECONCILE_CONCURRENCY}); after the rotation the queue held {} relays at \
+         first and was at 3/4 after {:.1} s, 1/2 after {:.1} s, 1/4 after {:.1} s, empty after \
+         {:.1} s",
+        load.rate(0.0, ready_at),
+        load.rate(rotated, rotated + to_reconcile_all.as_secs_f64()),
+        load.peak_per_second,
+        load.peak_in_flight,
+        waiting.first().map_or(0, |(_, left)| *left),
+        drained(0.75),
+        drained(0.5),
+        drained(0.25),
+        drained(0.0),
+    );
     let p99 = reconcile_p99(&operator).await;
     let rss = operator.pid().and_then(peak_rss_mib);
     eprintln!(
@@ -242,6 +385,29 @@ async fn many_relays_become_ready_within_two_sessions_per_database_and_no_thrott
     assert!(
         most.values().all(|&n| n <= SESSIONS_PER_DATABASE),
         "at most {SESSIONS_PER_DATABASE} sessions per database: {most:?}"
+    );
+    assert!(
+        load.peak_in_flight <= f64::from(DEFAULT_RECONCILE_CONCURRENCY),
+        "more reconciles at once than the bound {DEFAULT_RECONCILE_CONCURRENCY}: {}",
+        load.peak_in_flight
+    );
+    assert!(
+        load.peak_in_flight >= 1.0 && load.peak_per_second >= 1.0,
+        "the sampler saw the operator work: {} reconciles at once at most, {} requests in the \
+         busiest second",
+        load.peak_in_flight,
+        load.peak_per_second
+    );
+    let (by_answer, reconciled) = api_requests_by_answer(&operator).await;
+    eprintln!(
+        "API requests by answer: {}; {:.1} per reconcile over {reconciled} reconciles",
+        by_answer.join(", "),
+        load.requests.last().map_or(0.0, |(_, n)| *n) / reconciled.max(1.0)
+    );
+    let told_429 = too_many_requests(&operator).await;
+    assert!(
+        told_429.is_empty(),
+        "the API server answered 429: {told_429:#?}"
     );
     let backed_off = throttled(plane, &namespace, OPERATOR_NAME);
     assert!(

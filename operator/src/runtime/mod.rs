@@ -2,6 +2,7 @@
 //! metrics server, and logging. Everything here drives [`crate::reconcile`]; nothing there
 //! knows about this.
 
+pub mod api_requests;
 pub mod controller;
 pub mod crd_apply;
 pub mod leader;

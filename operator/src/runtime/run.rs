@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 use crate::crd::{self, CRD_NAME};
 use crate::metrics::Metrics;
 use crate::reconcile::{Context, Settings};
+use crate::runtime::api_requests::CountApiRequests;
 use crate::runtime::controller::run_controller;
 use crate::runtime::crd_apply::{apply_crd, check_served};
 use crate::runtime::leader::{LeaseSettings, release, try_acquire_or_renew};
@@ -79,9 +80,13 @@ pub async fn run(options: RunOptions) -> anyhow::Result<()> {
         }
     });
 
-    let client = Client::try_default()
+    let config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration found (in-cluster or kubeconfig)")?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .context("the Kubernetes client could not be built from its configuration")?
+        .with_layer(&CountApiRequests::new(metrics.api_requests.clone()))
+        .build();
     let server = client
         .apiserver_version()
         .await
