@@ -88,6 +88,62 @@ pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> C
     .await
 }
 
+/// [`consume`] of an exchange the test creates only now, while a relay retries against it. The
+/// exchange cannot exist before its queue is bound to it, so a publish that lands in between is
+/// routed nowhere and lost; here an alternate exchange, bound to the same queue beforehand,
+/// takes whatever the new exchange cannot route yet. Every message reaches the queue once.
+pub async fn consume_new_exchange(
+    exchange: &str,
+    kind: ExchangeKind,
+    binding_key: &str,
+) -> Consumer {
+    let url = crate::amqp_url();
+    let connection = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("connect to the broker: {e}"));
+    let channel = connection.create_channel().await.unwrap();
+    let alternate = format!("{exchange}_unrouted");
+    channel
+        .exchange_declare(
+            alternate.as_str().into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let queue = format!("{exchange}_q");
+    durable_queue(&channel, &queue).await;
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            alternate.as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let _ = connection.close(0, "declared".into()).await;
+    let mut exchange_arguments = FieldTable::default();
+    exchange_arguments.insert(
+        "alternate-exchange".into(),
+        lapin::types::AMQPValue::LongString(alternate.as_str().into()),
+    );
+    consume_with(
+        &url,
+        exchange,
+        kind,
+        binding_key,
+        exchange_arguments,
+        FieldTable::default(),
+    )
+    .await
+}
+
 /// [`consume`] on the broker at `url`, the queue declared with `queue_arguments` (e.g.
 /// `x-queue-type: quorum` on a cluster).
 pub async fn consume_at(
@@ -95,6 +151,25 @@ pub async fn consume_at(
     exchange: &str,
     kind: ExchangeKind,
     binding_key: &str,
+    queue_arguments: FieldTable,
+) -> Consumer {
+    consume_with(
+        url,
+        exchange,
+        kind,
+        binding_key,
+        FieldTable::default(),
+        queue_arguments,
+    )
+    .await
+}
+
+async fn consume_with(
+    url: &str,
+    exchange: &str,
+    kind: ExchangeKind,
+    binding_key: &str,
+    exchange_arguments: FieldTable,
     queue_arguments: FieldTable,
 ) -> Consumer {
     let connection = Connection::connect(url, ConnectionProperties::default())
@@ -109,7 +184,7 @@ pub async fn consume_at(
                 durable: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            exchange_arguments,
         )
         .await
         .unwrap();
