@@ -15,16 +15,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "${1:-$here}"
 
-need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
-if ! command -v go >/dev/null; then
-  echo "make test needs Go >= ${need_go} to build the Kubernetes control plane: install Go ${need_go} or newer (.ci/run installs it)" >&2
-  exit 1
-fi
-have_go=$(go env GOVERSION | sed 's/^go//')
-if [ "$(printf '%s\n%s\n' "$need_go" "$have_go" | sort -V | head -1)" != "$need_go" ]; then
-  echo "make test needs Go >= ${need_go} to build the Kubernetes control plane; this machine has ${have_go}" >&2
-  exit 1
-fi
+# shellcheck source-path=SCRIPTDIR source=../../scripts/require-go.sh
+. "$here/../../scripts/require-go.sh"
+require_go "$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)" "the Kubernetes control plane (make test)"
 
 kube_version=$(sed -n 's#^\tk8s.io/kubernetes \(v[0-9.]*\).*#\1#p' go.mod | head -1)
 [ -n "$kube_version" ] || { echo "go.mod does not require k8s.io/kubernetes" >&2; exit 1; }

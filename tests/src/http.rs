@@ -15,11 +15,11 @@ pub fn metrics_addr(log: &str) -> Option<String> {
 
 /// A plain HTTP/1.1 GET; returns the status code and the whole response text.
 pub async fn get(addr: &str, path: &str) -> (u16, String) {
-    request(
-        addr,
-        format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n").into_bytes(),
-    )
-    .await
+    request(addr, get_message(path).into_bytes()).await
+}
+
+fn get_message(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
 }
 
 /// A plain HTTP/1.1 POST of `body` as `content_type`; returns the status code and the whole
@@ -46,8 +46,7 @@ pub async fn delete(addr: &str, path: &str) -> (u16, String) {
 
 /// A GET that may find nothing listening (a process starting or stopping): `None` then.
 pub async fn try_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let message = format!("GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n");
-    try_request(addr, message.as_bytes()).await.ok()
+    try_request(addr, get_message(path).as_bytes()).await.ok()
 }
 
 /// Sends `message` (a whole request) on a new connection and reads the response to its end.
