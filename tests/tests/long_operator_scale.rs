@@ -81,7 +81,7 @@ fn family_sum(text: &str, family: &str) -> f64 {
 /// What the operator's API client and controller did, sampled every half second until stopped.
 #[derive(Debug, Default)]
 struct ApiLoad {
-    /// Requests sent in the busiest second (from two samples a second apart).
+    /// Requests per second in the busiest window of two samples 1 to 1.5 s apart.
     peak_per_second: f64,
     /// The most reconciles seen running at once.
     peak_in_flight: f64,
@@ -120,8 +120,8 @@ async fn watch_api_load(
         load.peak_in_flight = load
             .peak_in_flight
             .max(family_sum(&text, "outbox_operator_reconciles_in_flight"));
-        if let Some((_, then)) = load.requests.iter().rev().find(|(t, _)| now - t >= 1.0) {
-            load.peak_per_second = load.peak_per_second.max(sent - then);
+        if let Some((t, then)) = load.requests.iter().rev().find(|(t, _)| now - t >= 1.0) {
+            load.peak_per_second = load.peak_per_second.max((sent - then) / (now - t));
         }
         load.requests.push((now, sent));
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -336,7 +336,7 @@ async fn many_relays_become_ready_within_two_sessions_per_database_and_no_thrott
     };
     eprintln!(
         "API requests: {:.1}/s on average until all were Ready, {:.1}/s from the rotation until \
-         all were reconciled again, {:.0} in the busiest second; at most {} reconciles at once \
+         all were reconciled again, {:.0}/s in the busiest second; at most {} reconciles at once \
          (bound {DEFAULT_RECONCILE_CONCURRENCY}); after the rotation the queue held {} relays at \
          first and was at 3/4 after {:.1} s, 1/2 after {:.1} s, 1/4 after {:.1} s, empty after \
          {:.1} s",
