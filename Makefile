@@ -122,8 +122,9 @@ toxiproxy:
 
 ## test-rust: the test targets' release build, then every test of the workspace
 ## (scripts/test-suite.py): the end-to-end binaries, which mostly wait, side by side, and beside
-## them the PostgreSQL 13-18 and broker matrices and the failover scenarios, one after another;
-## then the rest and the run against database `postgres`, one at a time.
+## them, two at a time, the PostgreSQL 13-18 and broker matrices, the failover scenarios and the
+## tests that watch a relay's log for a minute; then the rest and the run against database
+## `postgres`, one at a time.
 test-rust:
 	$(CARGO) build --workspace --all-targets --release
 	CARGO='$(CARGO)' ./scripts/test-suite.py

@@ -8,14 +8,16 @@ another, as `cargo test --workspace` does, they took about 9 of the 12 minutes o
 
 1. The waiting binaries (WAITING below) run side by side, LANES at a time (3 by default), the
    longest first. Each starts its own control plane, node and namespaces, and uses its own
-   tables, exchanges and databases, so they cannot see each other. Beside them, in a lane of
-   their own and one after another, run the jobs that wait on servers of their own rather than
-   on the CPU (SIDE below): the PostgreSQL matrix, the broker matrix (RabbitMQ 4.0) and the
-   failover scenarios (clusters and pairs stopped, killed and brought back). The e2e binaries
-   keep about a fifth of the 2 cores busy each, so three of them leave room for a fourth; run
-   after them, these took 400 of the 1,267 s of the tests (2026-12-07). The failover scenarios
-   come last in the lane: the soak and the e2e failover binary take the RabbitMQ cluster's lease
-   early in phase 1, and a lane waiting on a lease does nothing. TEST_SIDE_LANE=0 runs them in
+   tables, exchanges and databases, so they cannot see each other. Beside them, in TEST_SIDE_LANES
+   lanes of their own (2 by default), run the jobs that wait on servers of their own or on the
+   clock rather than on the CPU (SIDE below): the PostgreSQL matrix, the broker matrix
+   (RabbitMQ 4.0), the failover scenarios (clusters and pairs stopped, killed and brought back)
+   and the services binary's tests that watch a relay's log for a minute (SIDE_MODULES). The
+   e2e binaries keep about a fifth of the 2 cores busy each when alone; all together, phase 1
+   keeps both cores busy (vmstat: 0 to 5 % idle most of the time, 2026-12-07), so more lanes
+   would not make it shorter. The RabbitMQ cluster's scenarios wait for that cluster's lease,
+   which the soak and the e2e failover binary take early in phase 1; the PostgreSQL pairs and
+   the Artemis pairs need no lease and start at once. TEST_SIDE_LANE=0 runs them all in
    phase 2 instead.
 2. Then, one at a time as before, whatever keeps the CPU busy: the unit tests, every other test
    target (found with `cargo metadata`, so a new one is never left out) and the operator's
@@ -39,6 +41,7 @@ import time
 CARGO = os.environ.get("CARGO", "cargo")
 LANES = int(os.environ.get("TEST_LANES", "3"))
 SIDE_LANE = os.environ.get("TEST_SIDE_LANE", "1") != "0"
+SIDE_LANES = int(os.environ.get("TEST_SIDE_LANES", "2"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The binaries of outbox-tests that mostly wait on a control plane, with their seconds when run
@@ -69,9 +72,16 @@ WAITING = {
     "e2e_real_node": 8,
 }
 # The modules of the services binary that start their own servers (the RabbitMQ 3.10 and 4.0
-# clusters, PostgreSQL standby pairs, Artemis primary/backup pairs) and fail them over: run as a
-# job of their own (see plan()).
-FAILOVER = ["artemis_pair", "broker_cluster", "pg_failover"]
+# clusters, PostgreSQL standby pairs, Artemis primary/backup pairs) and fail them over: run as
+# jobs of their own (see plan()). The RabbitMQ clusters' scenarios wait on the cluster's lease
+# (outbox_tests::rabbit_cluster::Lease); the pairs' need none.
+FAILOVER_WITHOUT_LEASE = ["artemis_pair", "pg_failover"]
+FAILOVER_UNDER_LEASE = ["broker_cluster"]
+# The modules of the services binary whose tests watch a relay's log over a window of a minute
+# (each test 60 to 70 s of waiting, 437 s of the binary's 1,439 s of tests on 2026-12-07): run as
+# a job of their own beside phase 1, all at once, rather than holding phase 2's threads.
+MINUTE_WATCHERS = ["retried_causes"]
+SIDE_MODULES = FAILOVER_WITHOUT_LEASE + FAILOVER_UNDER_LEASE + MINUTE_WATCHERS
 RELEASE = [CARGO, "test", "--release"]
 THREADS = ["--", "--test-threads=4"]
 
@@ -218,15 +228,16 @@ def plan():
         names = [name for p, name in targets if p == package and not (p == "outbox-tests" and name in WAITING)]
         if names:
             selection = [arg for name in sorted(names) for arg in ("--test", name)]
-            skip = [arg for module in FAILOVER for arg in ("--skip", f"{module}::")] if package == "outbox-tests" else []
+            skip = [arg for module in SIDE_MODULES for arg in ("--skip", f"{module}::")] if package == "outbox-tests" else []
             busy.append(Job(f"{package}: {', '.join(sorted(names))}", RELEASE + ["-p", package] + selection + THREADS + skip))
     # The failover scenarios, apart from the rest of the services binary: a three-node RabbitMQ
     # cluster and standby pairs beside the timing tests (the claim cursor's) slowed those past
     # what they measure.
-    failover = Job(
-        f"outbox-tests: services, the failover scenarios ({', '.join(FAILOVER)})",
-        RELEASE + ["-p", "outbox-tests", "--test", "services"] + THREADS + [f"{m}::" for m in FAILOVER],
-    )
+    def services_modules(what, modules, threads=THREADS):
+        return Job(
+            f"outbox-tests: services, {what} ({', '.join(modules)})",
+            RELEASE + ["-p", "outbox-tests", "--test", "services"] + threads + [f"{m}::" for m in modules],
+        )
     # Once more against a database not named `test`: URLs made from DATABASE_URL must be
     # parsed, not edited as text, and the tests must leave that database as they found it.
     operator_database_tests = ["services_postgres_database", "services_postgres_cleanup"]
@@ -236,12 +247,18 @@ def plan():
         + [arg for name in operator_database_tests for arg in ("--test", name)] + THREADS,
         env={"DATABASE_URL": POSTGRES_URL}, unchanged=POSTGRES_URL,
     ))
+    # The longest first; the RabbitMQ clusters' scenarios (298 s, 2026-12-07) as soon as a lane
+    # is free after the pairs', so that their wait for the lease overlaps the soak's and
+    # e2e_failover's hold of it rather than coming after it.
     side = [
         # The tests that touch PostgreSQL's behaviour, against every other major services.sh runs.
         Job("PostgreSQL matrix", ["./scripts/postgres-matrix.sh"]),
+        services_modules("the failover scenarios without a lease", FAILOVER_WITHOUT_LEASE),
+        services_modules("the failover scenarios under the cluster lease", FAILOVER_UNDER_LEASE),
         # The tests of the broker's behaviour, against RabbitMQ 4.0 beside 3.10.
         Job("broker matrix (RabbitMQ 4.0)", ["./scripts/broker-matrix.sh"]),
-        failover,
+        # Every test at once: they wait out a minute each.
+        services_modules("a minute of a relay's log", MINUTE_WATCHERS, ["--", "--test-threads=16"]),
     ]
     if not SIDE_LANE:
         busy, side = busy + side, []
@@ -280,8 +297,8 @@ def main():
     lock = threading.Lock()
     started = time.monotonic()
     print(f"test-suite: phase 1, {len(waiting)} end-to-end jobs, {LANES} at a time, and "
-          f"{len(side)} jobs one after another beside them", flush=True)
-    side_lane = threading.Thread(target=run_side_by_side, args=(side, 1, lock))
+          f"{len(side)} jobs beside them, {SIDE_LANES} at a time", flush=True)
+    side_lane = threading.Thread(target=run_side_by_side, args=(side, SIDE_LANES, lock))
     side_lane.start()
     run_side_by_side(waiting, LANES, lock)
     side_lane.join()
