@@ -17,7 +17,7 @@ another, as `cargo test --workspace` does, they took about 9 of the 12 minutes o
    keeps both cores busy (vmstat: 0 to 5 % idle most of the time, 2026-12-07), so more lanes
    would not make it shorter. The RabbitMQ cluster's scenarios wait for that cluster's lease,
    which the soak and the e2e failover binary take early in phase 1; the PostgreSQL pairs and
-   the Artemis pairs need no lease and start at once. TEST_SIDE_LANE=0 runs them all in
+   the Artemis pairs need no lease and start at once. TEST_SIDE_LANES=0 runs them all in
    phase 2 instead.
 2. Then, one at a time as before, whatever keeps the CPU busy: the unit tests, every other test
    target (found with `cargo metadata`, so a new one is never left out) and the operator's
@@ -40,7 +40,6 @@ import time
 
 CARGO = os.environ.get("CARGO", "cargo")
 LANES = int(os.environ.get("TEST_LANES", "3"))
-SIDE_LANE = os.environ.get("TEST_SIDE_LANE", "1") != "0"
 SIDE_LANES = int(os.environ.get("TEST_SIDE_LANES", "2"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -260,7 +259,7 @@ def plan():
         # Every test at once: they wait out a minute each.
         services_modules("a minute of a relay's log", MINUTE_WATCHERS, ["--", "--test-threads=16"]),
     ]
-    if not SIDE_LANE:
+    if SIDE_LANES == 0:
         busy, side = busy + side, []
     return waiting, side, busy
 

@@ -75,6 +75,39 @@ async fn durable_queue_with(channel: &lapin::Channel, name: &str, arguments: Fie
         .unwrap();
 }
 
+async fn durable_exchange(
+    channel: &lapin::Channel,
+    name: &str,
+    kind: ExchangeKind,
+    arguments: FieldTable,
+) {
+    channel
+        .exchange_declare(
+            name.into(),
+            kind,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .unwrap();
+}
+
+async fn bind(channel: &lapin::Channel, queue: &str, exchange: &str, key: &str) {
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+}
+
 /// Declares a durable exchange of `kind` and a queue bound to it with `binding_key`, then
 /// consumes it, recording ids.
 pub async fn consume(exchange: &str, kind: ExchangeKind, binding_key: &str) -> Consumer {
@@ -97,48 +130,13 @@ pub async fn consume_new_exchange(
     kind: ExchangeKind,
     binding_key: &str,
 ) -> Consumer {
-    let url = crate::amqp_url();
-    let connection = Connection::connect(&url, ConnectionProperties::default())
-        .await
-        .unwrap_or_else(|e| panic!("connect to the broker: {e}"));
-    let channel = connection.create_channel().await.unwrap();
     let alternate = format!("{exchange}_unrouted");
-    channel
-        .exchange_declare(
-            alternate.as_str().into(),
-            ExchangeKind::Fanout,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let queue = format!("{exchange}_q");
-    durable_queue(&channel, &queue).await;
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            alternate.as_str().into(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let _ = connection.close(0, "declared".into()).await;
-    let mut exchange_arguments = FieldTable::default();
-    exchange_arguments.insert(
-        "alternate-exchange".into(),
-        lapin::types::AMQPValue::LongString(alternate.as_str().into()),
-    );
     consume_with(
-        &url,
+        &crate::amqp_url(),
         exchange,
         kind,
         binding_key,
-        exchange_arguments,
+        Some(&alternate),
         FieldTable::default(),
     )
     .await
@@ -153,53 +151,42 @@ pub async fn consume_at(
     binding_key: &str,
     queue_arguments: FieldTable,
 ) -> Consumer {
-    consume_with(
-        url,
-        exchange,
-        kind,
-        binding_key,
-        FieldTable::default(),
-        queue_arguments,
-    )
-    .await
+    consume_with(url, exchange, kind, binding_key, None, queue_arguments).await
 }
 
+/// Declares the queue, then (with `alternate`) a fanout exchange bound to it that takes what
+/// `exchange` cannot route, then `exchange` bound to the queue with `binding_key`, and consumes.
 async fn consume_with(
     url: &str,
     exchange: &str,
     kind: ExchangeKind,
     binding_key: &str,
-    exchange_arguments: FieldTable,
+    alternate: Option<&str>,
     queue_arguments: FieldTable,
 ) -> Consumer {
     let connection = Connection::connect(url, ConnectionProperties::default())
         .await
         .unwrap_or_else(|e| panic!("connect the consumer to the broker: {e}"));
     let channel = connection.create_channel().await.unwrap();
-    channel
-        .exchange_declare(
-            exchange.into(),
-            kind,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            exchange_arguments,
-        )
-        .await
-        .unwrap();
     let queue = format!("{exchange}_q");
     durable_queue_with(&channel, &queue, queue_arguments).await;
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            exchange.into(),
-            binding_key.into(),
-            QueueBindOptions::default(),
+    let mut exchange_arguments = FieldTable::default();
+    if let Some(alternate) = alternate {
+        durable_exchange(
+            &channel,
+            alternate,
+            ExchangeKind::Fanout,
             FieldTable::default(),
         )
-        .await
-        .unwrap();
+        .await;
+        bind(&channel, &queue, alternate, "").await;
+        exchange_arguments.insert(
+            "alternate-exchange".into(),
+            lapin::types::AMQPValue::LongString(alternate.into()),
+        );
+    }
+    durable_exchange(&channel, exchange, kind, exchange_arguments).await;
+    bind(&channel, &queue, exchange, binding_key).await;
     channel
         .basic_qos(2000, BasicQosOptions::default())
         .await
