@@ -151,15 +151,31 @@ impl TestCluster {
 
     /// Sends `signal` to the pod's relay process through the container runtime: `SIGKILL` is
     /// a crash the kubelet restarts the container after.
+    ///
+    /// The container the pod's status names may have just exited (a restart the status does not
+    /// show yet, seen once on a loaded machine: containerd answered "task … not found"): the pod
+    /// is read again and its container signalled for up to 10 s.
     pub async fn signal_pod(&self, pod: &str, signal: &'static str) {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        let pod_object = pods.get(pod).await.expect("the pod exists");
-        let container = container_id(&pod_object).expect("the pod's container has started");
-        let node = self.node;
-        tokio::task::spawn_blocking(move || node.signal_container(&container, signal))
-            .await
-            .expect("the signal task")
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pod_object = pods.get(pod).await.expect("the pod exists");
+            let container = container_id(&pod_object).expect("the pod's container has started");
+            let node = self.node;
+            let sent =
+                tokio::task::spawn_blocking(move || node.signal_container(&container, signal))
+                    .await
+                    .expect("the signal task");
+            match sent {
+                Ok(()) => return,
+                Err(error)
+                    if format!("{error:#}").contains("not found") && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(error) => panic!("{error:#}"),
+            }
+        }
     }
 
     /// Every version the API server stored of `kind/name` since [`Self::record`], with the
