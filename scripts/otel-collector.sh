@@ -18,7 +18,7 @@ need_go=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$src/go.mod")
 # shellcheck source-path=SCRIPTDIR source=require-go.sh
 . "$(dirname "$0")/require-go.sh"
 require_go "$need_go" "the OpenTelemetry Collector"
-key=$( { cat "$src/go.mod" "$src/go.sum" "$src/main.go"; go env GOVERSION; echo "$OTEL_COLLECTOR_LDFLAGS"; } \
+key=$( { cat "$src/go.mod" "$src/go.sum" "$src/main.go"; go env GOVERSION; echo "$OTEL_COLLECTOR_LDFLAGS $GO_GCFLAGS"; } \
   | sha256sum | cut -c1-16)
 cache="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}"
 out="$cache/otel-collector-$key"
@@ -39,7 +39,7 @@ if [ ! -x "$out/outbox-otelcol" ]; then
   mkdir -p "$out.tmp"
   # Static (no cgo), no build paths or VCS stamp in it: the same inputs give the same binary.
   (cd "$src" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
-    -ldflags "$OTEL_COLLECTOR_LDFLAGS" -o "$out.tmp/outbox-otelcol" . >&2)
+    -gcflags "$GO_GCFLAGS" -ldflags "$OTEL_COLLECTOR_LDFLAGS" -o "$out.tmp/outbox-otelcol" . >&2)
   rm -rf "$out"
   mv "$out.tmp" "$out"
   say "built in $((SECONDS - start)) s"

@@ -23,7 +23,7 @@ say() { echo "toxiproxy: $*" >&2; }
 # shellcheck source-path=SCRIPTDIR source=require-go.sh
 . "$(dirname "$0")/require-go.sh"
 require_go "$TOXIPROXY_GO" Toxiproxy
-key=$( { echo "$TOXIPROXY_MODULE@$TOXIPROXY_VERSION"; go env GOVERSION; echo "$TOXIPROXY_LDFLAGS"; } \
+key=$( { echo "$TOXIPROXY_MODULE@$TOXIPROXY_VERSION"; go env GOVERSION; echo "$TOXIPROXY_LDFLAGS $GO_GCFLAGS"; } \
   | sha256sum | cut -c1-16)
 cache="${OUTBOX_CACHE:-$HOME/.cache/outbox-relay}"
 out="$cache/toxiproxy-$key"
@@ -45,7 +45,7 @@ if [ ! -x "$out/toxiproxy-server" ]; then
   # Static (no cgo), no build paths or VCS stamp in it: the same inputs give the same binary.
   # Outside any module (from the cache folder), so no go.mod of ours takes part.
   (cd "$out.tmp" && GOBIN="$out.tmp" CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
-    go install -trimpath -ldflags "$TOXIPROXY_LDFLAGS" \
+    go install -trimpath -gcflags "$GO_GCFLAGS" -ldflags "$TOXIPROXY_LDFLAGS" \
     "$TOXIPROXY_MODULE/cmd/server@$TOXIPROXY_VERSION" >&2)
   mv "$out.tmp/server" "$out.tmp/toxiproxy-server"
   rm -rf "$out"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the commands of one control-plane module in one `go build` that compiles the packages
 # they share once, into a cache outside the clone keyed by everything that decides the binaries
-# (go.mod, go.sum, our own Go sources, the Go version), and prints the bin directory.
+# (go.mod, go.sum, our own Go sources, the build flags, the Go version), and prints the bin
+# directory.
 #
 # Usage: build.sh [MODULE_DIR]. The module is this folder by default (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, the node's kubelet and kube-proxy, kubectl: the
@@ -21,7 +22,7 @@ require_go "$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)" "the Kubernetes control 
 
 kube_version=$(sed -n 's#^\tk8s.io/kubernetes \(v[0-9.]*\).*#\1#p' go.mod | head -1)
 [ -n "$kube_version" ] || { echo "go.mod does not require k8s.io/kubernetes" >&2; exit 1; }
-key=$( { cat go.mod go.sum "$here/build.sh"; find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION; } | sha256sum | cut -c1-16)
+key=$( { cat go.mod go.sum "$here/build.sh" "$here/../../scripts/require-go.sh"; find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go env GOVERSION; } | sha256sum | cut -c1-16)
 cache=${OUTBOX_CONTROL_PLANE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outbox-relay/control-plane}
 out="$cache/$kube_version-$key"
 # Import paths: our own commands, then the tool block's.
@@ -50,7 +51,7 @@ done
 
 mkdir -p "$out.tmp/bin"
 echo "building the Kubernetes ${kube_version} control plane into $out (first build: about 10 minutes on 2 cores)" >&2
-CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "-s -w${stamp}" -o "$out.tmp/bin/" \
+CGO_ENABLED=0 go build -buildvcs=false -trimpath -gcflags "$GO_GCFLAGS" -ldflags "-s -w${stamp}" -o "$out.tmp/bin/" \
   "${packages[@]}"
 rm -rf "$out"
 mv "$out.tmp" "$out"
