@@ -17,7 +17,6 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
@@ -31,6 +30,7 @@ use crate::reconcile::database::{CleanupRequest, CleanupRun};
 use crate::reconcile::driver::context::Context;
 use crate::reconcile::driver::error::Error;
 use crate::reconcile::input::dereference::dereference_secrets;
+use crate::reconcile::input::dereference::read_cache::ObjectReader;
 use crate::reconcile::input::validate::{RelayPlan, validate};
 use crate::reconcile::status::events::{self, reasons};
 
@@ -109,8 +109,9 @@ async fn attempt(
     if !relay_pods_gone(relay, &deployments).await? && !past_deadline {
         return Err(Error::RelayPodsStopping);
     }
-    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let config_maps_api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secrets_api = ObjectReader::new(ctx.client.clone(), &namespace, Some(&ctx.secret_reads));
+    let config_maps_api =
+        ObjectReader::new(ctx.client.clone(), &namespace, Some(&ctx.config_map_reads));
     let secrets = dereference_secrets(&secrets_api, &config_maps_api, &relay.spec).await?;
     let plan = validate(&relay.spec).map_err(Error::InvalidSpec)?;
     let request = CleanupRequest {

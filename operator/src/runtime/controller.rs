@@ -13,6 +13,7 @@ use kube::runtime::{Controller, WatchStreamExt, controller, watcher};
 use kube::{Api, ResourceExt};
 
 use crate::crd::OutboxRelay;
+use crate::reconcile::input::dereference::read_cache::ReadCache;
 use crate::reconcile::input::dereference::{referenced_config_map_names, referenced_secret_names};
 use crate::reconcile::{Context, error_policy, reconcile};
 
@@ -82,6 +83,21 @@ where
     }
 }
 
+/// Passes one event of a metadata watch over `scope` to `cache`; a failed watch call (the
+/// watcher retries it) tells it nothing.
+fn note_version<K>(
+    cache: &ReadCache<K>,
+    scope: &Option<String>,
+    event: &Result<watcher::Event<PartialObjectMeta<K>>, watcher::Error>,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    if let Ok(event) = event {
+        cache.observe(scope.as_deref(), event);
+    }
+}
+
 /// Runs the controller for one namespace (or all, with `None`) until `shutdown` resolves.
 pub async fn run_controller(
     ctx: Arc<Context>,
@@ -108,14 +124,20 @@ pub async fn run_controller(
     .predicate_filter(relay_change, Default::default());
     let controller = Controller::for_stream(relay_changes, store.clone()).with_config(concurrency);
     let config_map_store = store.clone();
+    // The same events tell the reconciles' read cache which version of each object is the
+    // newest, so an unchanged Secret is not read again at every poll.
+    let (secret_ctx, config_map_ctx) = (ctx.clone(), ctx.clone());
+    let scope_name = namespace.clone();
+    let config_map_scope = namespace.clone();
     controller
         .owns(
             deployments,
             watcher::Config::default().labels("app.kubernetes.io/managed-by=outbox-operator"),
         )
-        .watches(
-            secrets,
-            watcher::Config::default(),
+        .watches_stream(
+            watcher(secrets, watcher::Config::default())
+                .inspect(move |event| note_version(&secret_ctx.secret_reads, &scope_name, event))
+                .touched_objects(),
             move |secret: PartialObjectMeta<Secret>| {
                 relays_referencing(
                     &store,
@@ -124,9 +146,12 @@ pub async fn run_controller(
                 )
             },
         )
-        .watches(
-            config_maps,
-            watcher::Config::default(),
+        .watches_stream(
+            watcher(config_maps, watcher::Config::default())
+                .inspect(move |event| {
+                    note_version(&config_map_ctx.config_map_reads, &config_map_scope, event);
+                })
+                .touched_objects(),
             move |config_map: PartialObjectMeta<ConfigMap>| {
                 relays_referencing_config_map(
                     &config_map_store,

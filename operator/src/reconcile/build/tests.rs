@@ -12,6 +12,7 @@ use crate::crd::{
     ImagePullPolicy, LogFormat, OutboxRelaySpec, PasswordSecretRef, PostgresTlsMode, TlsSecretRef,
 };
 use crate::reconcile::input::dereference::dereference_secrets;
+use crate::reconcile::input::dereference::read_cache::ObjectReader;
 use crate::reconcile::input::validate::validate;
 use crate::test_support::{LEAK_CANARY, sample_relay, sample_spec};
 
@@ -696,8 +697,8 @@ async fn no_secret_value_reaches_the_deployment() {
         }
     });
     let client = kube::Client::new(service, "shop");
-    let secrets: kube::Api<Secret> = kube::Api::namespaced(client.clone(), "shop");
-    let config_maps: kube::Api<ConfigMap> = kube::Api::namespaced(client, "shop");
+    let secrets = ObjectReader::<Secret>::new(client.clone(), "shop", None);
+    let config_maps = ObjectReader::<ConfigMap>::new(client, "shop", None);
     let relay = sample_relay("orders", full_spec_with_default_keys());
     let found = dereference_secrets(&secrets, &config_maps, &relay.spec)
         .await

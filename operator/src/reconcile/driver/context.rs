@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 
@@ -13,6 +14,7 @@ use crate::reconcile::database::RelayDatabase;
 use crate::reconcile::database::postgres::PostgresDatabase;
 use crate::reconcile::database::sessions::SESSIONS_PER_DATABASE;
 use crate::reconcile::driver::memory::RelayMemory;
+use crate::reconcile::input::dereference::read_cache::ReadCache;
 use crate::reconcile::migrate::MigrationMemory;
 use crate::reconcile::scaling::rate_share::RateShareMemory;
 use crate::reconcile::scaling::recommend::ScalingMemory;
@@ -88,6 +90,10 @@ pub struct Context {
     pub rate_shares: RateShareMemory,
     /// Consecutive failures per relay, for the error policy's backoff.
     pub failures: RelayMemory<u32>,
+    /// The Secrets and ConfigMaps the relays refer to, read again only when the metadata
+    /// watch saw them change (the controller feeds it).
+    pub secret_reads: ReadCache<Secret>,
+    pub config_map_reads: ReadCache<ConfigMap>,
     pub settings: Settings,
 }
 
@@ -118,6 +124,8 @@ impl Context {
             scaling: RelayMemory::new(forget_after),
             rate_shares: RelayMemory::new(forget_after),
             failures: RelayMemory::new(forget_after),
+            secret_reads: ReadCache::default(),
+            config_map_reads: ReadCache::default(),
             settings,
         }
     }

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -42,6 +42,7 @@ use crate::reconcile::cleanup::{FINALIZER, clean_up, time_left};
 use crate::reconcile::driver::context::{Context, Settings};
 use crate::reconcile::driver::error::Error;
 use crate::reconcile::input::dereference::dereference_secrets;
+use crate::reconcile::input::dereference::read_cache::ObjectReader;
 use crate::reconcile::input::validate::validate;
 use crate::reconcile::migrate::{MigrationKey, MigrationOutcome, migrate_once};
 use crate::reconcile::observe::{RelayObjects, observe};
@@ -158,8 +159,9 @@ async fn run_pipeline(relay: &OutboxRelay, ctx: &Context) -> Result<Action, Erro
     let relay_name = report_name(relay);
     let generation = relay.metadata.generation;
 
-    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-    let config_maps_api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+    let secrets_api = ObjectReader::new(ctx.client.clone(), &namespace, Some(&ctx.secret_reads));
+    let config_maps_api =
+        ObjectReader::new(ctx.client.clone(), &namespace, Some(&ctx.config_map_reads));
     let secrets = dereference_secrets(&secrets_api, &config_maps_api, &relay.spec)
         .instrument(info_span!("dereference"))
         .await?;

@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::Api;
 use outbox_relay::broker::urls::BrokerUrls;
 use outbox_relay::connect::secret_url::{SecretUrl, UrlKind};
 use outbox_relay::database::{DatabaseTarget, Pem, TlsMaterial};
@@ -20,6 +19,9 @@ use crate::crd::{
     BrokerTlsSpec, CaSource, DatabaseTlsSpec, OutboxRelaySpec, PostgresTlsMode, SecretKeyRef,
 };
 use crate::reconcile::driver::error::Error;
+use crate::reconcile::input::dereference::read_cache::ObjectReader;
+
+pub mod read_cache;
 
 /// URL parameters that `spec.database.tls` sets; a URL may not set them too.
 const URL_TLS_PARAMETERS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
@@ -117,8 +119,8 @@ struct Fetched {
 
 /// Reads and checks every Secret and ConfigMap `spec` refers to.
 pub async fn dereference_secrets(
-    secrets: &Api<Secret>,
-    config_maps: &Api<ConfigMap>,
+    secrets: &ObjectReader<'_, Secret>,
+    config_maps: &ObjectReader<'_, ConfigMap>,
     spec: &OutboxRelaySpec,
 ) -> Result<RelaySecrets, Error> {
     let mut fetched = Fetched {

@@ -3,7 +3,6 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Api;
 
 use super::*;
 use crate::crd::{
@@ -82,8 +81,8 @@ async fn dereference(
         }
     });
     let client = kube::Client::new(service, "shop");
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "shop");
-    let config_maps: Api<ConfigMap> = Api::namespaced(client, "shop");
+    let secrets = ObjectReader::<Secret>::new(client.clone(), "shop", None);
+    let config_maps = ObjectReader::<ConfigMap>::new(client, "shop", None);
     let result = dereference_secrets(&secrets, &config_maps, spec).await;
     drop(secrets);
     drop(config_maps);
